@@ -1,0 +1,1 @@
+"""scopekb command line."""

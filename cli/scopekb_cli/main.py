@@ -1,0 +1,230 @@
+"""The ``scopekb`` command line: serve the services, run a worker, manage sources and keys, index and search.
+
+Operator commands talk to the stores named by the settings (``SCOPEKB_*``); errors print one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from scopekb.auth import ApiKey, new_key
+from scopekb.logging import configure_logging
+from scopekb.models import SearchMode, SearchRequest, Source, SourceCreate, utcnow
+from scopekb.runtime import Runtime, build_runtime
+from scopekb.search import render_text, run_search
+from scopekb.settings import get_settings
+from scopekb.sources import validate_repo_url
+from scopekb.stores.opensearch import ScopeFilter
+
+app = typer.Typer(help="scopekb: push-driven, scoped code and document search for AI agents.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+source_app = typer.Typer(help="Register, list and remove sources.", no_args_is_help=True)
+key_app = typer.Typer(help="Create, list and revoke agent API keys.", no_args_is_help=True)
+app.add_typer(source_app, name="source")
+app.add_typer(key_app, name="key")
+out = Console()
+err = Console(stderr=True)
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit code 1."""
+
+
+def _rt() -> Runtime:
+    s = get_settings()
+    configure_logging("console" if s.log_format == "auto" else s.log_format, "WARNING")
+    return build_runtime(s)
+
+
+@app.command()
+def serve(service: Annotated[str, typer.Argument(help="ingester or query")],
+          host: str = "127.0.0.1", port: Annotated[int | None, typer.Option(help="default 8001/8000")] = None,
+          workers: int = 1) -> None:
+    """Serve the webhook ingester (port 8001) or the query API (port 8000) with uvicorn."""
+    import uvicorn
+
+    factories = {"ingester": ("scopekb_ingester.app:create_app", 8001),
+                 "query": ("scopekb_query.app:create_app", 8000)}
+    if service not in factories:
+        raise CliError(f"unknown service {service!r}; choose ingester or query")
+    target, default_port = factories[service]
+    uvicorn.run(target, factory=True, host=host, port=port or default_port, workers=workers,
+                log_level="warning", access_log=False)
+
+
+@app.command()
+def worker(concurrency: int = 2, loglevel: str = "INFO") -> None:
+    """Run a Celery worker for sync tasks."""
+    from scopekb_worker.app import app as celery_app
+
+    celery_app.worker_main(["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}",
+                            "--without-gossip", "--without-mingle"])
+
+
+@source_app.command("add")
+def source_add(agent: Annotated[str, typer.Option("--agent", help="agent name")],
+               context: Annotated[str, typer.Option("--context", help="context id")],
+               repo: Annotated[str, typer.Option("--repo", help="clone URL (https/ssh) or local path")],
+               ref: str = "main", repo_name: str | None = None,
+               secret: Annotated[str | None, typer.Option(help="webhook secret")] = None) -> None:
+    """Register a repository + branch for one scope; prints the source id."""
+    s = get_settings()
+    body = SourceCreate(agent_name=agent, context_id=context, repo_url=repo, ref=ref, repo_name=repo_name,
+                        webhook_secret=secret)
+    url = validate_repo_url(body.repo_url, s.git.allow_local_paths, s.git.host_allowlist)
+    src = Source(**{**body.model_dump(), "repo_url": url, "webhook_secret": body.webhook_secret},
+                 id=Source.new_id())
+    _rt().records.put_source(src)
+    out.print(src.id)
+
+
+@source_app.command("list")
+def source_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List registered sources."""
+    srcs = _rt().records.list_sources()
+    if as_json:
+        out.print_json(json.dumps([x.public() for x in srcs]))
+        return
+    t = Table("id", "agent", "context", "repo", "ref")
+    for x in srcs:
+        t.add_row(x.id, x.agent_name, x.context_id, x.repo_name or x.repo_url, x.ref)
+    out.print(t)
+
+
+@source_app.command("remove")
+def source_remove(source_id: str) -> None:
+    """Unregister a source and delete its chunks."""
+    rt = _rt()
+    if rt.records.get_source(source_id) is None:
+        raise CliError(f"no source {source_id!r}")
+    n = rt.chunks.delete_source(source_id)
+    rt.records.delete("state", source_id)
+    rt.records.delete("sources", source_id)
+    out.print(f"removed {source_id} ({n} chunks deleted)")
+
+
+@key_app.command("create")
+def key_create(agent: Annotated[str, typer.Option("--agent")],
+               context: Annotated[list[str] | None, typer.Option("--context", help="repeat; none = all")] = None,
+               label: str | None = None) -> None:
+    """Create an agent key; the key is printed once."""
+    key, h = new_key()
+    rec = ApiKey(id="key_" + uuid.uuid4().hex[:12], agent_name=agent, context_ids=context or None, key_hash=h,
+                 label=label)
+    _rt().records.put("keys", rec.id, rec.model_dump(mode="json"))
+    out.print(json.dumps({"id": rec.id, "key": key}))
+
+
+@key_app.command("list")
+def key_list() -> None:
+    """List keys (never the keys themselves)."""
+    t = Table("id", "agent", "contexts", "label", "revoked")
+    for d in _rt().records.find("keys", sort="created_at"):
+        k = ApiKey.model_validate(d)
+        t.add_row(k.id, k.agent_name, ",".join(k.context_ids or ["*"]), k.label or "",
+                  str(k.revoked_at or ""))
+    out.print(t)
+
+
+@key_app.command("revoke")
+def key_revoke(key_id: str) -> None:
+    """Revoke a key."""
+    rt = _rt()
+    d = rt.records.get("keys", key_id)
+    if d is None:
+        raise CliError(f"no key {key_id!r}")
+    d["revoked_at"] = utcnow().isoformat()
+    rt.records.put("keys", key_id, d)
+    out.print(f"revoked {key_id}")
+
+
+@app.command()
+def index(source_id: str) -> None:
+    """Sync a source now, in this process, with a progress bar."""
+    from scopekb.indexing import run_sync
+
+    rt = _rt()
+    rt.chunks.ensure_index()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(f"{phase} files", total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        job = run_sync(rt.sync_deps(), "cli-" + uuid.uuid4().hex[:16], [source_id], trigger="cli",
+                       progress=progress)
+    t = Table("job", "state", "commit", "files indexed", "skipped", "deleted", "chunks written", "errors")
+    t.add_row(job.id, job.state.value, (job.to_commit or "")[:12], str(job.files_indexed),
+              str(sum(job.files_skipped.values())), str(job.files_deleted), str(job.chunks_written),
+              str(len(job.errors)))
+    out.print(t)
+    for e in job.errors[:20]:
+        err.print(f"error: {e}")
+
+
+@app.command()
+def search(query: str, agent: Annotated[str, typer.Option("--agent")],
+           context: Annotated[str | None, typer.Option("--context")] = None,
+           cross_context: bool = False, mode: SearchMode = SearchMode.keyword, max_results: int = 5,
+           as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Search as an operator within an explicit scope (agents use the query API with their keys)."""
+    s = get_settings()
+    if context is None and not cross_context:
+        raise CliError("name --context or pass --cross-context")
+    scope = ScopeFilter(agent, None if cross_context else (context or "",))
+    req = SearchRequest(query=query, mode=mode, max_results=max_results, context_id=context,
+                        cross_context=cross_context)
+    resp = run_search(_rt().chunks, req, scope, s.query)
+    if as_json:
+        out.print_json(resp.model_dump_json())
+    else:
+        out.print(render_text(resp), markup=False, highlight=False)
+
+
+@app.command()
+def status() -> None:
+    """Sources with their indexed commit, documents and chunks."""
+    rt = _rt()
+    t = Table("source", "scope", "ref", "indexed commit", "documents", "chunks")
+    for src in rt.records.list_sources():
+        st = rt.chunks.source_stats(src.id)
+        t.add_row(src.id, f"{src.agent_name}/{src.context_id}", src.ref,
+                  (rt.records.indexed_commit(src.id) or "-")[:12], str(st["documents"]), str(st["chunks"]))
+    out.print(t)
+
+
+def main() -> None:
+    """Entry point: run the app, turning known errors into one line and exit code 1."""
+    from opensearchpy.exceptions import ConnectionError as OSConnectionError
+    from pydantic import ValidationError
+    from scopekb.gitrepo import GitError
+    from scopekb.indexing import SyncError
+    from scopekb.sources import InvalidRepoUrl
+
+    try:
+        app()
+    except (CliError, InvalidRepoUrl, SyncError, GitError) as e:
+        err.print(f"error: {e}", markup=False, highlight=False)
+        sys.exit(1)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        err.print(f"error: invalid {loc}: {first.get('msg')}", markup=False, highlight=False)
+        sys.exit(1)
+    except OSConnectionError:
+        err.print("error: OpenSearch is unreachable (check SCOPEKB_OPENSEARCH__URL; scripts/services up)")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""scopekb ingester: verifies git host webhooks and enqueues syncs by task name. No git, S3 or index writes."""

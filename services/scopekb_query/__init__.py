@@ -1,0 +1,1 @@
+"""scopekb query service: scoped search API."""

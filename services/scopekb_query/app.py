@@ -1,0 +1,269 @@
+"""The query service (FastAPI, stateless): search, sources, keys, jobs, status, health, metrics.
+
+Authentication: ``Authorization: Bearer <key>``. Agent keys search within the scope bound to the key; the
+admin token (``SCOPEKB_QUERY__ADMIN_TOKEN``) manages sources and keys. OpenAPI at ``/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from opensearchpy.exceptions import ConnectionError as OSConnectionError
+from opensearchpy.exceptions import TransportError
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from pydantic import BaseModel, Field
+from scopekb import queue
+from scopekb.auth import ApiKey, AuthError, hash_key, new_key, resolve_scope, tokens_equal
+from scopekb.logging import configure_logging, get_logger
+from scopekb.models import Job, SearchRequest, SearchResponse, Source, SourceCreate, utcnow
+from scopekb.runtime import build_runtime, redis_client
+from scopekb.search import SearchUnavailable, render_text, run_search
+from scopekb.settings import Settings, get_settings
+from scopekb.sources import InvalidRepoUrl, validate_repo_url
+
+log = get_logger("scopekb.query")
+
+REQUESTS = Counter("scopekb_query_requests_total", "Requests by route, mode and status",
+                   ["route", "mode", "status"])
+LATENCY = Histogram("scopekb_query_latency_seconds", "Request latency by route and mode", ["route", "mode"])
+JOB_QUEUED_KEY = "scopekb:job:{job_id}"
+
+
+class KeyCreate(BaseModel):
+    """Create an API key bound to one agent (optionally to some of its contexts)."""
+
+    agent_name: str = Field(min_length=1, max_length=200)
+    context_ids: list[str] | None = None
+    label: str | None = None
+
+
+class Caller(BaseModel):
+    admin: bool = False
+    key: ApiKey | None = None
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the query app. Settings default to :func:`scopekb.settings.get_settings`."""
+    settings = settings or get_settings()
+    configure_logging("json" if settings.log_format == "auto" else settings.log_format, settings.log_level)
+    rt = build_runtime(settings)
+    celery = queue.make_celery(settings, name="scopekb-query")
+    key_cache: dict[str, tuple[float, ApiKey | None]] = {}
+    app = FastAPI(title="scopekb query", version="0.1.0",
+                  description="Scoped BM25 / kNN / hybrid search over code and documents for AI agents.")
+
+    @app.exception_handler(OSConnectionError)
+    async def _os_down(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": "search backend unavailable"}, status_code=503)
+
+    @app.exception_handler(TransportError)
+    async def _os_error(_: Request, exc: TransportError) -> JSONResponse:
+        log.error("opensearch_error", status=exc.status_code, error=str(exc.error))
+        return JSONResponse({"detail": "search backend error"}, status_code=503)
+
+    def caller(request: Request) -> Caller:
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise HTTPException(401, "missing bearer key", headers={"WWW-Authenticate": "Bearer"})
+        token = token.strip()
+        admin = settings.query.admin_token
+        if admin is not None and tokens_equal(token, admin.get_secret_value()):
+            return Caller(admin=True)
+        h = hash_key(token)
+        now = time.monotonic()
+        cached = key_cache.get(h)
+        if cached is None or now - cached[0] > 30:
+            docs = rt.records.find("keys", size=1, key_hash=h)
+            k = ApiKey.model_validate(docs[0]) if docs else None
+            key_cache[h] = (now, k)
+            cached = key_cache[h]
+        key = cached[1]
+        if key is None or key.revoked_at is not None:
+            raise HTTPException(401, "unknown or revoked key", headers={"WWW-Authenticate": "Bearer"})
+        return Caller(key=key)
+
+    def admin_only(c: Annotated[Caller, Depends(caller)]) -> Caller:
+        if settings.query.admin_token is None:
+            raise HTTPException(403, "admin API disabled: set SCOPEKB_QUERY__ADMIN_TOKEN")
+        if not c.admin:
+            raise HTTPException(403, "admin key required")
+        return c
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        """The process is up."""
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    def readyz() -> JSONResponse:
+        """OpenSearch and Redis reachable."""
+        checks: dict[str, str] = {}
+        try:
+            rt.chunks.client.cluster.health(timeout="2s")
+            checks["opensearch"] = "ok"
+        except Exception as e:  # noqa: BLE001 - any failure means not ready; reported as text
+            checks["opensearch"] = f"error: {type(e).__name__}"
+        try:
+            redis_client(settings).ping()
+            checks["redis"] = "ok"
+        except Exception as e:  # noqa: BLE001
+            checks["redis"] = f"error: {type(e).__name__}"
+        ok = all(v == "ok" for v in checks.values())
+        return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest().decode(), media_type=CONTENT_TYPE_LATEST)
+
+    # ---- search ------------------------------------------------------------------------------------------
+
+    @app.post("/v1/search", response_model=SearchResponse)
+    def search(req: SearchRequest, c: Annotated[Caller, Depends(caller)], format: str = "json") -> Any:
+        """Search within the caller's scope. ``?format=text`` returns the agent text rendering."""
+        t0 = time.perf_counter()
+        if c.key is None:
+            raise HTTPException(403, "searches need an agent key, not the admin token")
+        try:
+            scope = resolve_scope(c.key, req.context_id, req.cross_context)
+            resp = run_search(rt.chunks, req, scope, settings.query)
+        except AuthError as e:
+            REQUESTS.labels("search", req.mode.value, str(e.status)).inc()
+            raise HTTPException(e.status, str(e)) from None
+        except SearchUnavailable as e:
+            raise HTTPException(400, str(e)) from None
+        LATENCY.labels("search", req.mode.value).observe(time.perf_counter() - t0)
+        REQUESTS.labels("search", req.mode.value, "200").inc()
+        if format == "text":
+            return PlainTextResponse(render_text(resp))
+        return resp
+
+    # ---- sources -----------------------------------------------------------------------------------------
+
+    @app.post("/v1/sources", status_code=201, dependencies=[Depends(admin_only)])
+    def add_source(body: SourceCreate) -> dict[str, Any]:
+        """Register a repository + ref for a scope. The clone URL is validated (https/ssh; no private hosts)."""
+        try:
+            url = validate_repo_url(body.repo_url, settings.git.allow_local_paths, settings.git.host_allowlist)
+        except InvalidRepoUrl as e:
+            raise HTTPException(422, str(e)) from None
+        src = Source(**{**body.model_dump(), "repo_url": url, "webhook_secret": body.webhook_secret},
+                     id=Source.new_id())
+        rt.records.put_source(src)
+        log.info("source_added", source_id=src.id, agent_name=src.agent_name, context_id=src.context_id)
+        return src.public()
+
+    @app.get("/v1/sources", dependencies=[Depends(admin_only)])
+    def list_sources(agent_name: str | None = None) -> list[dict[str, Any]]:
+        return [s.public() for s in rt.records.list_sources(agent_name=agent_name)]
+
+    @app.get("/v1/sources/{source_id}", dependencies=[Depends(admin_only)])
+    def get_source(source_id: str) -> dict[str, Any]:
+        src = rt.records.get_source(source_id)
+        if src is None:
+            raise HTTPException(404, "source not found")
+        return {**src.public(), **_source_status(src)}
+
+    @app.delete("/v1/sources/{source_id}", dependencies=[Depends(admin_only)])
+    def delete_source(source_id: str) -> dict[str, Any]:
+        """Unregister a source and delete its chunks and sync state."""
+        if rt.records.get_source(source_id) is None:
+            raise HTTPException(404, "source not found")
+        deleted = rt.chunks.delete_source(source_id)
+        rt.records.delete("state", source_id)
+        rt.records.delete("sources", source_id)
+        return {"deleted": True, "chunks_deleted": deleted}
+
+    @app.post("/v1/sources/{source_id}/sync", status_code=202, dependencies=[Depends(admin_only)])
+    def sync_now(source_id: str) -> dict[str, Any]:
+        """Enqueue a sync of the source to its ref's current commit."""
+        src = rt.records.get_source(source_id)
+        if src is None:
+            raise HTTPException(404, "source not found")
+        job_id = "manual-" + uuid.uuid4().hex[:16]
+        redis_client(settings).set(JOB_QUEUED_KEY.format(job_id=job_id), json.dumps(
+            {"id": job_id, "state": "queued", "source_ids": [src.id], "ref": src.ref, "trigger": "manual"}),
+            ex=settings.worker.result_expires_s)
+        celery.send_task(queue.TASK_SYNC_SOURCES, task_id=job_id, kwargs={
+            "job_id": job_id, "source_ids": [src.id], "trigger": "manual"})
+        return {"status": "queued", "job_id": job_id}
+
+    def _source_status(src: Source) -> dict[str, Any]:
+        stats = rt.chunks.source_stats(src.id)
+        state = rt.records.get("state", src.id) or {}
+        jobs = rt.records.list_jobs(source_id=src.id, size=1)
+        last = jobs[0] if jobs else None
+        if last is not None and not last.finished:
+            status = "INDEXING"
+        elif last is not None and last.state.value == "failed":
+            status = "ERROR"
+        elif stats["chunks"] == 0:
+            status = "EMPTY"
+        else:
+            status = "READY"
+        return {"status": status, "indexed_commit": state.get("commit"), "indexed_at": state.get("indexed_at"),
+                **stats, "last_job": last.model_dump(mode="json") if last else None}
+
+    # ---- keys --------------------------------------------------------------------------------------------
+
+    @app.post("/v1/keys", status_code=201, dependencies=[Depends(admin_only)])
+    def create_key(body: KeyCreate) -> dict[str, Any]:
+        """Create an agent key; the key itself is returned once and only its hash is stored."""
+        key, h = new_key()
+        rec = ApiKey(id="key_" + uuid.uuid4().hex[:12], agent_name=body.agent_name, context_ids=body.context_ids,
+                     key_hash=h, label=body.label)
+        rt.records.put("keys", rec.id, rec.model_dump(mode="json"))
+        return {"id": rec.id, "key": key, "agent_name": rec.agent_name, "context_ids": rec.context_ids}
+
+    @app.get("/v1/keys", dependencies=[Depends(admin_only)])
+    def list_keys() -> list[dict[str, Any]]:
+        return [ApiKey.model_validate(d).model_dump(mode="json", exclude={"key_hash"})
+                for d in rt.records.find("keys", sort="created_at")]
+
+    @app.delete("/v1/keys/{key_id}", dependencies=[Depends(admin_only)])
+    def revoke_key(key_id: str) -> dict[str, Any]:
+        d = rt.records.get("keys", key_id)
+        if d is None:
+            raise HTTPException(404, "key not found")
+        d["revoked_at"] = utcnow().isoformat()
+        rt.records.put("keys", key_id, d)
+        key_cache.clear()
+        return {"revoked": True}
+
+    # ---- jobs and status ---------------------------------------------------------------------------------
+
+    @app.get("/v1/jobs/{job_id}", dependencies=[Depends(admin_only)])
+    def get_job(job_id: str) -> dict[str, Any]:
+        """A sync job record; a queued job not yet picked up by a worker is reported from the queue marker."""
+        job = rt.records.get_job(job_id)
+        if job is not None:
+            return job.model_dump(mode="json")
+        raw = redis_client(settings).get(JOB_QUEUED_KEY.format(job_id=job_id))
+        if raw:
+            return Job.model_validate(json.loads(raw)).model_dump(mode="json")
+        raise HTTPException(404, "job not found")
+
+    @app.get("/v1/jobs", dependencies=[Depends(admin_only)])
+    def list_jobs(source_id: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        return [j.model_dump(mode="json") for j in rt.records.list_jobs(source_id, size=min(max(limit, 1), 200))]
+
+    @app.get("/v1/status", dependencies=[Depends(admin_only)])
+    def status() -> dict[str, Any]:
+        """Per-source status (READY / INDEXING / EMPTY / ERROR, documents, chunks, indexed commit)."""
+        sources = rt.records.list_sources()
+        return {"index": rt.chunks.live_index(), "chunks": rt.chunks.count(),
+                "sources": [{**s.public(), **_source_status(s)} for s in sources]}
+
+    @app.on_event("startup")
+    def _startup() -> None:
+        try:
+            rt.chunks.ensure_index()
+        except Exception as e:  # noqa: BLE001 - readiness reports it; the process still serves health
+            log.error("ensure_index_failed", error=str(e))
+
+    return app

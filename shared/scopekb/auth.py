@@ -1,0 +1,94 @@
+"""API keys and the scope a caller may search (DESIGN §5, issue 8; the aimon seed's tenancy rules).
+
+A key is bound to one agent and optionally to a set of its context ids. Only the key's sha256 is stored. The
+scope of a search comes from the key; the request may only narrow it (``context_id``) or widen it to every
+allowed context of the same agent (``cross_context``), never to another agent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from scopekb.models import utcnow
+from scopekb.stores.opensearch import ScopeFilter
+
+KEY_PREFIX = "skb_"
+
+
+class AuthError(Exception):
+    """Base of the errors below; ``status`` is the HTTP status the services answer with."""
+
+    status = 401
+
+
+class Unauthenticated(AuthError):
+    """No key, or an unknown or revoked key (HTTP 401)."""
+
+    status = 401
+
+
+class ScopeDenied(AuthError):
+    """The request names a context outside the key's allowed set (HTTP 403)."""
+
+    status = 403
+
+
+class ScopeMissing(AuthError):
+    """The request resolves to no single scope (HTTP 400)."""
+
+    status = 400
+
+
+class ApiKey(BaseModel):
+    """A stored API key (no secret in it: ``key_hash`` is sha256 of the key)."""
+
+    id: str
+    agent_name: str
+    context_ids: list[str] | None = Field(default=None, description="None: every context of the agent")
+    key_hash: str
+    role: str = "agent"
+    label: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    revoked_at: datetime | None = None
+
+
+def new_key() -> tuple[str, str]:
+    """Return ``(key, key_hash)``: a fresh random key (``skb_`` + 43 url-safe chars) and its sha256 hex."""
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    return key, hash_key(key)
+
+
+def hash_key(key: str) -> str:
+    """sha256 hex of a key; keys are random 256-bit strings, so no salt or slow hash is needed."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def tokens_equal(a: str, b: str) -> bool:
+    """Constant-time string comparison."""
+    return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
+
+
+def resolve_scope(key: ApiKey, context_id: str | None, cross_context: bool) -> ScopeFilter:
+    """The scope a search with this key may see.
+
+    Raises:
+        ScopeDenied: ``context_id`` is not one of the key's contexts.
+        ScopeMissing: no ``context_id``, no ``cross_context`` and the key is not bound to exactly one context.
+    """
+    allowed = tuple(key.context_ids) if key.context_ids is not None else None
+    if context_id is not None:
+        if allowed is not None and context_id not in allowed:
+            raise ScopeDenied(f"context_id {context_id!r} is not allowed for this key")
+        if cross_context:
+            return ScopeFilter(key.agent_name, allowed)
+        return ScopeFilter(key.agent_name, (context_id,))
+    if cross_context:
+        return ScopeFilter(key.agent_name, allowed)
+    if allowed is not None and len(allowed) == 1:
+        return ScopeFilter(key.agent_name, allowed)
+    raise ScopeMissing("name a context_id or set cross_context=true")

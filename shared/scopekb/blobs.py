@@ -1,0 +1,111 @@
+"""Blob stores: where document contents wait between the git reader and the indexers (DESIGN §1).
+
+Keys are content-addressed (``blobs/<2 hex>/<blob id>``) so the same content is stored once, whatever path,
+branch or scope it appears under, and a retried upload is a harmless overwrite.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Protocol
+
+from minio import Minio
+from minio.error import S3Error
+
+from scopekb.settings import S3Settings
+
+
+class BlobNotFound(KeyError):
+    """The requested blob key does not exist in the store."""
+
+
+def blob_key(blob_id: str) -> str:
+    """Content-addressed object key for a git blob id (or any hex content hash)."""
+    return f"blobs/{blob_id[:2]}/{blob_id}"
+
+
+class BlobStore(Protocol):
+    """Put/get bytes by key. Implementations: :class:`S3BlobStore`, :class:`LocalBlobStore`."""
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def delete(self, key: str) -> None: ...
+
+
+class S3BlobStore:
+    """Blobs in an S3 bucket through the ``minio`` SDK (any S3-compatible server).
+
+    Raises :class:`BlobNotFound` for a missing key; other S3 errors propagate as ``minio.error.S3Error``.
+    """
+
+    def __init__(self, cfg: S3Settings) -> None:
+        self.client = Minio(cfg.endpoint, access_key=cfg.access_key,
+                            secret_key=cfg.secret_key.get_secret_value(), secure=cfg.secure, region=cfg.region)
+        self.bucket = cfg.bucket
+        self._bucket_ok = False
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket when missing (idempotent)."""
+        if self._bucket_ok:
+            return
+        if not self.client.bucket_exists(self.bucket):
+            try:
+                self.client.make_bucket(self.bucket)
+            except S3Error as e:
+                if e.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise
+        self._bucket_ok = True
+
+    def put(self, key: str, data: bytes) -> None:
+        self.ensure_bucket()
+        self.client.put_object(self.bucket, key, io.BytesIO(data), length=len(data),
+                               content_type="application/octet-stream")
+
+    def get(self, key: str) -> bytes:
+        try:
+            resp = self.client.get_object(self.bucket, key)
+        except S3Error as e:
+            if e.code in ("NoSuchKey", "NoSuchBucket"):
+                raise BlobNotFound(key) from e
+            raise
+        try:
+            return resp.read()
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def delete(self, key: str) -> None:
+        self.client.remove_object(self.bucket, key)
+
+
+class LocalBlobStore:
+    """Blobs as files under a folder (embedded mode). Writes are atomic (temp file + rename)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def _path(self, key: str) -> Path:
+        p = (self.root / key).resolve()
+        if self.root.resolve() not in p.parents:
+            raise ValueError(f"blob key escapes the store: {key!r}")
+        return p
+
+    def put(self, key: str, data: bytes) -> None:
+        p = self._path(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + f".tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        tmp.replace(p)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError as e:
+            raise BlobNotFound(key) from e
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)

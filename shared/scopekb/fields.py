@@ -1,0 +1,134 @@
+"""Field names of the chunk document and the OpenSearch mapping built from them (DESIGN §3).
+
+Writer and reader use these constants only; the mapping is ``"dynamic": "strict"`` so a typo fails loudly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+AGENT_NAME = "agent_name"
+CONTEXT_ID = "context_id"
+SOURCE_ID = "source_id"
+REPO = "repo"
+REF = "ref"
+COMMIT = "commit"
+PATH = "path"
+PATH_TEXT = "path.text"
+LANGUAGE = "language"
+KIND = "kind"
+SYMBOL = "symbol"
+SIGNATURE = "signature"
+CONTENT = "content"
+CHUNK_INDEX = "chunk_index"
+START_LINE = "start_line"
+END_LINE = "end_line"
+CONTENT_SHA = "content_sha"
+BLOB_SHA = "blob_sha"
+EMBEDDING = "embedding"
+EMBEDDING_MODEL = "embedding_model"
+METADATA = "metadata"
+INDEXED_AT = "indexed_at"
+
+#: Bumped whenever the mapping or analyzers change; part of the concrete index name behind the alias.
+MAPPING_VERSION = 1
+
+#: BM25 field boosts (the Turso seed weights name 5.0 and signature 3.0 over content).
+KEYWORD_FIELDS = [f"{SYMBOL}^5", f"{SIGNATURE}^3", CONTENT, f"{PATH_TEXT}^2"]
+
+CODE_ANALYZER = "scopekb_code"
+
+_ANALYSIS: dict[str, Any] = {
+    "filter": {
+        "scopekb_code_split": {
+            # Split camelCase, snake_case, dots, punctuation and digits, keeping the original token so an exact
+            # identifier still matches best.
+            "type": "word_delimiter",
+            "preserve_original": True,
+            "split_on_case_change": True,
+            "split_on_numerics": True,
+            "generate_word_parts": True,
+            "generate_number_parts": True,
+            "catenate_words": False,
+            "stem_english_possessive": False,
+        }
+    },
+    "analyzer": {
+        CODE_ANALYZER: {
+            "type": "custom",
+            "tokenizer": "whitespace",
+            "filter": ["scopekb_code_split", "lowercase"],
+        }
+    },
+}
+
+
+def chunk_mapping(dimension: int | None) -> dict[str, Any]:
+    """Return the chunk index mapping; ``dimension`` None means keyword-only (no ``embedding`` field).
+
+    Vectors use the ``lucene`` engine (hnsw, cosinesimil): the k-NN plugin here has no native libraries and its
+    default engine would end the node (DESIGN §8).
+    """
+    text_kw = {"type": "text", "analyzer": CODE_ANALYZER, "fields": {"keyword": {"type": "keyword",
+                                                                                 "ignore_above": 512}}}
+    props: dict[str, Any] = {
+        AGENT_NAME: {"type": "keyword"},
+        CONTEXT_ID: {"type": "keyword"},
+        SOURCE_ID: {"type": "keyword"},
+        REPO: {"type": "keyword"},
+        REF: {"type": "keyword"},
+        COMMIT: {"type": "keyword"},
+        PATH: {"type": "keyword", "fields": {"text": {"type": "text", "analyzer": CODE_ANALYZER}}},
+        LANGUAGE: {"type": "keyword"},
+        KIND: {"type": "keyword"},
+        SYMBOL: text_kw,
+        SIGNATURE: text_kw,
+        CONTENT: {"type": "text", "analyzer": CODE_ANALYZER},
+        CHUNK_INDEX: {"type": "integer"},
+        START_LINE: {"type": "integer"},
+        END_LINE: {"type": "integer"},
+        CONTENT_SHA: {"type": "keyword"},
+        BLOB_SHA: {"type": "keyword"},
+        EMBEDDING_MODEL: {"type": "keyword"},
+        METADATA: {"type": "object", "dynamic": False},
+        INDEXED_AT: {"type": "date"},
+    }
+    if dimension:
+        props[EMBEDDING] = {
+            "type": "knn_vector",
+            "dimension": dimension,
+            "method": {"name": "hnsw", "engine": "lucene", "space_type": "cosinesimil",
+                       "parameters": {"m": 16, "ef_construction": 128}},
+        }
+    return {"dynamic": "strict", "_meta": {"mapping_version": MAPPING_VERSION, "dimension": dimension},
+            "properties": props}
+
+
+def chunk_index_settings(shards: int, replicas: int, knn: bool) -> dict[str, Any]:
+    """Index settings for a chunk index: shards/replicas, ``index.knn`` when vectors are stored, analyzers."""
+    s: dict[str, Any] = {"number_of_shards": shards, "number_of_replicas": replicas, "analysis": _ANALYSIS}
+    if knn:
+        s["knn"] = True
+    return {"index": s}
+
+
+def index_version_name(alias: str, dimension: int | None, model: str | None) -> str:
+    """Concrete index name behind ``alias`` for one mapping version and embedding model.
+
+    Example: ``scopekb-chunks-v1-kw`` (keyword-only) or ``scopekb-chunks-v1-384-1a2b3c4d``.
+    """
+    if not dimension:
+        return f"{alias}-v{MAPPING_VERSION}-kw"
+    tag = hashlib.sha256((model or "").encode()).hexdigest()[:8]
+    return f"{alias}-v{MAPPING_VERSION}-{dimension}-{tag}"
+
+
+def chunk_id(agent_name: str, context_id: str, source_id: str, path: str, chunk_index: int,
+             content_sha: str) -> str:
+    """Deterministic document ``_id`` (DESIGN §3): a retried or duplicated task overwrites, never duplicates.
+
+    Returns a 40-character hex string (sha256 prefix) of the NUL-joined fields.
+    """
+    raw = "\0".join([agent_name, context_id, source_id, path, str(chunk_index), content_sha])
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:40]

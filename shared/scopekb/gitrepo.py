@@ -1,0 +1,221 @@
+"""Git access for syncs: a bare mirror cache per repository, tree listing, diffs and fast blob reads.
+
+Blobs are read from git's object database through one long-lived ``git cat-file --batch`` process per
+repository object (GitPython's persistent command), never one process per file and never from a working tree,
+so symlinks are never followed. Fetches never touch submodules and only allow the transports the settings
+permit (``https``/``ssh``; ``file`` only when local paths are allowed): ``ext::`` is never run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from scopekb.logging import get_logger
+
+log = get_logger(__name__)
+
+MODE_GITLINK = "160000"
+MODE_SYMLINK = "120000"
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+class GitError(RuntimeError):
+    """A git operation failed; the message is one line naming the repository and the cause."""
+
+
+class CommitNotFound(GitError):
+    """The commit is not in the mirror (never pushed, or gone after a force push and gc)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TreeEntry:
+    """One file of a commit's tree: ``mode`` (e.g. 100644), object id, size in bytes (None for gitlinks)."""
+
+    path: str
+    mode: str
+    sha: str
+    size: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One changed path between two commits. ``status`` is A, M, D, T or R (rename: ``old_path`` set)."""
+
+    status: str
+    path: str
+    old_path: str | None = None
+
+
+def is_sha(value: str | None) -> bool:
+    """True for a full 40-hex commit id."""
+    return bool(value) and bool(_SHA_RE.match(value or ""))
+
+
+def mirror_path(cache_dir: Path, repo_url: str) -> Path:
+    """Where the bare mirror of ``repo_url`` lives: ``<cache_dir>/<sha256(url)[:16]>.git``."""
+    return Path(cache_dir) / (hashlib.sha256(repo_url.encode()).hexdigest()[:16] + ".git")
+
+
+def _git_env(allow_local: bool) -> dict[str, str]:
+    return {
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ALLOW_PROTOCOL": "https:ssh:file" if allow_local else "https:ssh",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_LFS_SKIP_SMUDGE": "1",
+    }
+
+
+class Mirror:
+    """A bare mirror of one repository in the local cache.
+
+    Args:
+        cache_dir: folder holding mirrors (created when missing).
+        repo_url: clone URL or local path, already validated by source registration.
+        allow_local: allow the ``file`` transport (embedded mode and tests only).
+    """
+
+    def __init__(self, cache_dir: Path, repo_url: str, allow_local: bool = False,
+                 timeout_s: float = 600.0) -> None:
+        self.repo_url = repo_url
+        self.path = mirror_path(cache_dir, repo_url)
+        self.allow_local = allow_local
+        self.timeout_s = timeout_s
+        self._repo: git.Repo | None = None
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold an exclusive file lock on this mirror (one fetch at a time per host)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(str(self.path) + ".lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def fetch(self) -> None:
+        """Clone (first time) or fetch all branches and tags into the mirror, pruning deleted refs.
+
+        Raises:
+            GitError: the repository cannot be reached or read.
+        """
+        env = _git_env(self.allow_local)
+        cfg = ["-c", "protocol.ext.allow=never", "-c", "submodule.recurse=false",
+               "-c", "core.symlinks=false", "-c", "fetch.recurseSubmodules=false"]
+        if not self.allow_local:
+            cfg += ["-c", "protocol.file.allow=never"]
+        with self.locked():
+            try:
+                g = git.Git()
+                if not (self.path / "HEAD").exists():
+                    g.execute(["git", *cfg, "clone", "--mirror", "--quiet", "--", self.repo_url, str(self.path)],
+                              env=env, kill_after_timeout=self.timeout_s)
+                else:
+                    g.execute(["git", *cfg, "--git-dir", str(self.path), "fetch", "--quiet", "--prune", "--force",
+                               "origin", "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"],
+                              env=env, kill_after_timeout=self.timeout_s)
+            except git.GitCommandError as e:
+                msg = (e.stderr or str(e)).strip().splitlines()
+                raise GitError(f"git fetch of {self.repo_url} failed: {msg[-1] if msg else e}") from None
+        self._repo = None
+
+    @property
+    def repo(self) -> git.Repo:
+        if self._repo is None:
+            self._repo = git.Repo(str(self.path), odbt=git.GitCmdObjectDB)
+        return self._repo
+
+    def close(self) -> None:
+        """Stop the persistent ``cat-file`` processes."""
+        if self._repo is not None:
+            self._repo.close()
+            self._repo = None
+
+    def resolve(self, ref: str) -> str | None:
+        """Commit id of a branch (``main`` or ``refs/heads/main``) or commit-ish, or None when missing."""
+        name = ref if ref.startswith("refs/") or is_sha(ref) else f"refs/heads/{ref}"
+        try:
+            return str(self.repo.git.rev_parse("--verify", "--quiet", f"{name}^{{commit}}")).strip() or None
+        except git.GitCommandError:
+            return None
+
+    def has_commit(self, sha: str | None) -> bool:
+        """True when ``sha`` is a commit present in the mirror."""
+        if not is_sha(sha):
+            return False
+        try:
+            self.repo.git.cat_file("-e", f"{sha}^{{commit}}")
+            return True
+        except git.GitCommandError:
+            return False
+
+    def tree(self, commit: str) -> list[TreeEntry]:
+        """Every entry of the commit's tree, recursively, with sizes (``git ls-tree -r -l -z``).
+
+        Raises:
+            CommitNotFound: ``commit`` is not in the mirror.
+        """
+        if not self.has_commit(commit):
+            raise CommitNotFound(f"commit {commit} not found in {self.repo_url}")
+        out = self.repo.git.ls_tree("-r", "-l", "-z", "--full-tree", commit, strip_newline_in_stdout=False)
+        entries = []
+        for rec in out.split("\0"):
+            if not rec:
+                continue
+            meta, path = rec.split("\t", 1)
+            mode, _type, sha, size = meta.split()
+            entries.append(TreeEntry(path=path, mode=mode, sha=sha, size=None if size == "-" else int(size)))
+        return entries
+
+    def diff(self, old: str, new: str) -> list[Change]:
+        """Changed paths from ``old`` to ``new`` with rename detection (``git diff-tree -r -M -z``).
+
+        A type change (file ↔ symlink ↔ gitlink) is reported as ``T``.
+        """
+        out = self.repo.git.diff_tree("-r", "-M", "-z", "--no-commit-id", "--raw", old, new,
+                                      strip_newline_in_stdout=False)
+        parts = out.split("\0")
+        changes: list[Change] = []
+        i = 0
+        while i < len(parts):
+            meta = parts[i]
+            if not meta.startswith(":"):
+                i += 1
+                continue
+            status = meta.split()[-1]
+            if status[0] in "RC":
+                old_path, new_path = parts[i + 1], parts[i + 2]
+                i += 3
+                if status[0] == "R":
+                    changes.append(Change("R", new_path, old_path))
+                else:
+                    changes.append(Change("A", new_path))
+            else:
+                changes.append(Change(status[0], parts[i + 1]))
+                i += 2
+        return changes
+
+    def read_blob(self, sha: str) -> bytes:
+        """Contents of a blob through the persistent ``git cat-file --batch`` process."""
+        _hexsha, _type, _size, stream = self.repo.git.stream_object_data(sha)
+        return stream.read()
+
+    def read_blobs(self, shas: list[str]) -> Iterator[tuple[str, bytes]]:
+        """Contents of many blobs, in order, through one ``cat-file --batch`` process."""
+        for sha in shas:
+            yield sha, self.read_blob(sha)
+
+
+def local_path_allowed(repo_url: str) -> bool:
+    """True when ``repo_url`` names an existing local git repository (for embedded mode and tests)."""
+    p = Path(repo_url.removeprefix("file://"))
+    return p.is_absolute() and (p / ".git").exists() or (p / "HEAD").exists()
+

@@ -1,0 +1,213 @@
+"""Data contracts shared by the ingester, the query service, the workers and the CLI.
+
+Scope = ``(agent_name, context_id)`` (DESIGN §2). Names follow the aimon seed's contracts: SearchQuery /
+SearchResult / IndexStatus.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+#: Agent names and context ids: printable, no whitespace at the ends, no control characters. Case-sensitive.
+_SCOPE_RE = re.compile(r"^[^\x00-\x1f\x7f\s](?:[^\x00-\x1f\x7f]{0,198}[^\x00-\x1f\x7f\s])?$")
+ZERO_SHA = "0" * 40
+
+
+def utcnow() -> datetime:
+    """Current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def _check_scope_part(value: str, name: str) -> str:
+    if not _SCOPE_RE.match(value):
+        raise ValueError(f"{name} must be 1-200 printable characters without leading/trailing spaces")
+    return value
+
+
+class Scope(BaseModel):
+    """Who owns indexed chunks. ``agent_name`` and ``context_id`` match exactly and case-sensitively."""
+
+    agent_name: str
+    context_id: str
+
+    @field_validator("agent_name")
+    @classmethod
+    def _agent(cls, v: str) -> str:
+        return _check_scope_part(v, "agent_name")
+
+    @field_validator("context_id")
+    @classmethod
+    def _context(cls, v: str) -> str:
+        return _check_scope_part(v, "context_id")
+
+
+class SourceCreate(BaseModel):
+    """A git repository + ref bound to one scope (a request to register a source)."""
+
+    agent_name: str
+    context_id: str
+    repo_url: str = Field(description="https/ssh clone URL, or a local path where allowed")
+    ref: str = Field(default="main", description="branch name (refs/heads/ prefix optional)")
+    repo_name: str | None = Field(
+        default=None, description="the host's full name, e.g. 'owner/repo'; also matches webhook payloads")
+    webhook_secret: SecretStr | None = None
+    include: list[str] = Field(default_factory=list, description="globs; empty means everything")
+    exclude: list[str] = Field(default_factory=list)
+
+    @field_validator("agent_name")
+    @classmethod
+    def _agent(cls, v: str) -> str:
+        return _check_scope_part(v, "agent_name")
+
+    @field_validator("context_id")
+    @classmethod
+    def _context(cls, v: str) -> str:
+        return _check_scope_part(v, "context_id")
+
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, v: str) -> str:
+        v = v.removeprefix("refs/heads/")
+        if not v or v.startswith("/") or ".." in v or any(c in v for c in " ~^:?*[\\\x00"):
+            raise ValueError("ref must be a branch name such as 'main'")
+        return v
+
+
+class Source(SourceCreate):
+    """A registered source, as stored."""
+
+    id: str
+    created_at: datetime = Field(default_factory=utcnow)
+
+    @staticmethod
+    def new_id() -> str:
+        """Return a fresh source id (``src_`` + 16 hex characters)."""
+        return "src_" + uuid.uuid4().hex[:16]
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(agent_name=self.agent_name, context_id=self.context_id)
+
+    def public(self) -> dict[str, Any]:
+        """JSON-able view without the secret."""
+        d = self.model_dump(mode="json", exclude={"webhook_secret"})
+        d["has_webhook_secret"] = self.webhook_secret is not None
+        return d
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One piece of a document as produced by a chunker (before it is tagged with a scope).
+
+    Lines are 1-based and inclusive. ``chunk_index`` is 0-based within the document.
+    """
+
+    content: str
+    start_line: int
+    end_line: int
+    chunk_index: int = 0
+    kind: str = "lines"
+    symbol: str | None = None
+    signature: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class SearchMode(StrEnum):
+    keyword = "keyword"
+    vector = "vector"
+    hybrid = "hybrid"
+
+
+class SearchRequest(BaseModel):
+    """A search (REST and MCP share it). The scope's agent comes from the credential, never from here."""
+
+    query: str = Field(min_length=1, max_length=4096)
+    mode: SearchMode = SearchMode.keyword
+    max_results: int = Field(default=5, ge=1)
+    min_score: float = Field(default=0.0, ge=0.0, le=1.0)
+    context_id: str | None = None
+    cross_context: bool = False
+    file_patterns: list[str] = Field(default_factory=list)
+    languages: list[str] = Field(default_factory=list)
+    source_id: str | None = None
+    repo: str | None = None
+    ref: str | None = None
+
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("query must not be blank")
+        return v
+
+
+class SearchHit(BaseModel):
+    """One result: where it is, what it says, how well it matched (score in [0, 1], higher is better)."""
+
+    path: str
+    start_line: int
+    end_line: int
+    content: str
+    score: float
+    chunk_index: int
+    language: str | None = None
+    kind: str | None = None
+    symbol: str | None = None
+    repo: str | None = None
+    ref: str | None = None
+    commit: str | None = None
+    source_id: str | None = None
+    agent_name: str
+    context_id: str
+    indexed_at: datetime | None = None
+
+
+class SearchResponse(BaseModel):
+    query: str
+    mode: SearchMode
+    hits: list[SearchHit]
+    took_ms: float
+
+
+class JobState(StrEnum):
+    queued = "queued"
+    running = "running"
+    done = "done"
+    partial = "partial"
+    failed = "failed"
+
+
+class Job(BaseModel):
+    """The record of one sync (DESIGN §4.8). ``id`` is the webhook delivery id or a generated one."""
+
+    id: str
+    state: JobState = JobState.queued
+    source_ids: list[str] = Field(default_factory=list)
+    repo: str | None = None
+    ref: str | None = None
+    from_commit: dict[str, str | None] = Field(default_factory=dict, description="per source id")
+    to_commit: str | None = None
+    files_seen: int = 0
+    files_indexed: int = 0
+    files_deleted: int = 0
+    files_skipped: dict[str, int] = Field(default_factory=dict, description="count per skip reason")
+    chunks_written: int = 0
+    chunks_deleted: int = 0
+    embeddings_computed: int = 0
+    embeddings_cached: int = 0
+    errors: list[str] = Field(default_factory=list)
+    trigger: str = "webhook"
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (JobState.done, JobState.partial, JobState.failed)

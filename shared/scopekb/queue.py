@@ -1,0 +1,67 @@
+"""Queue names, task names and the Celery app factory shared by the ingester (producer) and workers (consumer).
+
+The ingester enqueues by task *name* (``send_task``) so it never imports worker code. Task names, queue names and
+Redis key prefixes live here, in one place (the onyx layout, DESIGN §12).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import redis
+from celery import Celery
+
+from scopekb.settings import Settings
+
+TASK_SYNC_SOURCES = "scopekb.sync_sources"
+TASK_PING = "scopekb.ping"
+QUEUE_SYNC = "scopekb.sync"
+
+DEDUPE_KEY = "scopekb:delivery:{provider}:{delivery_id}"
+LOCK_KEY = "scopekb:lock:repo:{repo_hash}"
+
+
+def make_celery(settings: Settings, name: str = "scopekb") -> Celery:
+    """A Celery app on the Redis broker with at-least-once delivery (DESIGN §11).
+
+    ``acks_late`` + ``task_reject_on_worker_lost`` redeliver a task whose worker died; tasks are idempotent by
+    deterministic chunk ids. The broker ``visibility_timeout`` is longer than the hard task time limit
+    (checked in :class:`scopekb.settings.Settings`).
+    """
+    w = settings.worker
+    app = Celery(name, broker=settings.redis.url, backend=settings.redis.url)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=QUEUE_SYNC,
+        task_routes={TASK_SYNC_SOURCES: {"queue": QUEUE_SYNC}, TASK_PING: {"queue": QUEUE_SYNC}},
+        task_soft_time_limit=w.task_soft_time_limit_s,
+        task_time_limit=w.task_time_limit_s,
+        broker_transport_options={"visibility_timeout": w.visibility_timeout_s},
+        result_backend_transport_options={"visibility_timeout": w.visibility_timeout_s},
+        result_expires=w.result_expires_s,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        worker_max_tasks_per_child=200,
+    )
+    return app
+
+
+def repo_hash(repo_url: str) -> str:
+    """Short stable hash of a repository URL, for lock and cache keys."""
+    return hashlib.sha256(repo_url.encode()).hexdigest()[:16]
+
+
+def claim_delivery(client: redis.Redis, provider: str, delivery_id: str, ttl_s: int) -> bool:
+    """Atomically claim a webhook delivery id (``SET NX EX``). True the first time, False for a repeat."""
+    key = DEDUPE_KEY.format(provider=provider, delivery_id=delivery_id)
+    return bool(client.set(key, "1", nx=True, ex=ttl_s))
+
+
+def release_delivery(client: redis.Redis, provider: str, delivery_id: str) -> None:
+    """Forget a claimed delivery id (used when enqueueing failed, so the host's retry is not dropped)."""
+    client.delete(DEDUPE_KEY.format(provider=provider, delivery_id=delivery_id))

@@ -1,0 +1,85 @@
+"""Search over a chunk store under the scoring contract of DESIGN §5.
+
+The caller (query service, CLI) resolves the :class:`ScopeFilter` from a credential; this module never widens it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from scopekb import fields as F
+from scopekb import scoring
+from scopekb.models import SearchHit, SearchMode, SearchRequest, SearchResponse
+from scopekb.settings import QuerySettings
+from scopekb.stores.opensearch import OpenSearchChunkStore, ScopeFilter, filter_clauses
+
+#: Turns a query text into a vector, or None in keyword-only mode.
+QueryEmbedder = Callable[[str], Sequence[float]]
+
+
+class SearchUnavailable(ValueError):
+    """The requested mode cannot run here (e.g. vector search without an embedding model)."""
+
+
+def run_search(store: OpenSearchChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: QuerySettings,
+               embed: QueryEmbedder | None = None) -> SearchResponse:
+    """Run ``req`` within ``scope`` and return hits with scores in [0, 1], best first.
+
+    ``max_results`` is capped at ``cfg.max_results_cap``; hits under ``min_score`` are dropped. No hit is an
+    empty, successful response.
+
+    Raises:
+        SearchUnavailable: ``vector``/``hybrid`` asked for while no embedder is configured.
+    """
+    t0 = time.perf_counter()
+    size = min(req.max_results, cfg.max_results_cap)
+    flt = filter_clauses(scope, source_id=req.source_id, repo=req.repo, ref=req.ref,
+                         languages=req.languages, file_patterns=req.file_patterns)
+    depth = max(size * cfg.candidate_factor, size)
+    docs: dict[str, dict[str, Any]] = {}
+    if req.mode == SearchMode.keyword:
+        kw = store.keyword_search(req.query, flt, size)
+        docs.update({i: d for i, _, d in kw})
+        ranked = scoring.normalise_by_max([(i, s) for i, s, _ in kw])
+    else:
+        if embed is None or not store.dimension:
+            raise SearchUnavailable(f"mode {req.mode.value!r} needs an embedding model; this index is "
+                                    "keyword-only (use mode 'keyword')")
+        vec = embed(req.query)
+        vh = store.vector_search(vec, flt, depth if req.mode == SearchMode.hybrid else size)
+        docs.update({i: d for i, _, d in vh})
+        if req.mode == SearchMode.vector:
+            ranked = [(i, min(1.0, max(0.0, s))) for i, s, _ in vh]
+        else:
+            kw = store.keyword_search(req.query, flt, depth)
+            docs.update({i: d for i, _, d in kw})
+            ranked = scoring.weighted_fusion([(i, s) for i, s, _ in kw], [(i, s) for i, s, _ in vh],
+                                             cfg.keyword_weight, cfg.vector_weight)
+    hits = [_hit(docs[i], score) for i, score in ranked if score >= req.min_score][:size]
+    return SearchResponse(query=req.query, mode=req.mode, hits=hits,
+                          took_ms=round((time.perf_counter() - t0) * 1000, 2))
+
+
+def _hit(d: dict[str, Any], score: float) -> SearchHit:
+    return SearchHit(
+        path=d[F.PATH], start_line=d[F.START_LINE], end_line=d[F.END_LINE], content=d[F.CONTENT],
+        score=round(score, 6), chunk_index=d[F.CHUNK_INDEX], language=d.get(F.LANGUAGE), kind=d.get(F.KIND),
+        symbol=d.get(F.SYMBOL), repo=d.get(F.REPO), ref=d.get(F.REF), commit=d.get(F.COMMIT),
+        source_id=d.get(F.SOURCE_ID), agent_name=d[F.AGENT_NAME], context_id=d[F.CONTEXT_ID],
+        indexed_at=d.get(F.INDEXED_AT))
+
+
+def render_text(resp: SearchResponse) -> str:
+    """Text for agents: each hit names its source before the content, and the content is fenced so document
+    text cannot read like instructions. An empty result says so plainly."""
+    if not resp.hits:
+        return f"No results for {resp.query!r}."
+    parts = []
+    for n, h in enumerate(resp.hits, 1):
+        head = f"[{n}] {h.path}:{h.start_line}-{h.end_line} (score {h.score:.2f})"
+        if h.symbol:
+            head += f" {h.symbol}"
+        parts.append(f"{head}\n<<<chunk\n{h.content}\nchunk>>>")
+    return "\n\n".join(parts)

@@ -1,0 +1,159 @@
+"""Settings for every scopekb process, read from the environment (prefix ``SCOPEKB_``, nested with ``__``).
+
+Example: ``SCOPEKB_OPENSEARCH__URL=http://127.0.0.1:9200`` sets ``Settings().opensearch.url``.
+Secrets are ``SecretStr`` so they never appear in logs or reprs. Use :func:`get_settings` (cached) rather than
+building settings at import time; tests call ``get_settings.cache_clear()`` after changing the environment.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class OpenSearchSettings(BaseModel):
+    """Where the chunk index and the system indices live."""
+
+    url: str = "http://127.0.0.1:9200"
+    username: str | None = None
+    password: SecretStr | None = None
+    verify_certs: bool = True
+    #: Alias every reader and writer uses; the concrete index behind it is versioned.
+    alias: str = "scopekb-chunks"
+    #: Prefix of the small system indices (sources, jobs, sync state, API keys).
+    system_prefix: str = "scopekb-sys"
+    timeout_s: float = 30.0
+    #: Bulk request body size target in bytes (DESIGN §4.7: "a few MiB").
+    bulk_max_bytes: int = 4 * 1024 * 1024
+    replicas: int = 0
+    shards: int = 1
+
+
+class RedisSettings(BaseModel):
+    """Celery broker, result backend, delivery dedupe keys and locks."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+
+
+class S3Settings(BaseModel):
+    """Object store holding blob contents between the git reader and the indexers."""
+
+    endpoint: str = "127.0.0.1:8333"
+    access_key: str = "scopekb"
+    secret_key: SecretStr = SecretStr("scopekb-secret")
+    secure: bool = False
+    bucket: str = "scopekb"
+    region: str | None = None
+
+
+class GitSettings(BaseModel):
+    """Repository mirrors and what is read from them."""
+
+    cache_dir: Path = Path(".scopekb-data/git")
+    #: Files above this size are skipped with reason ``too_large`` (DESIGN §4.4; 1 MiB default per issue 4).
+    max_file_bytes: int = 1024 * 1024
+    #: Local paths as repository URLs; only for embedded mode and tests (SSRF, DESIGN §4.2).
+    allow_local_paths: bool = False
+    #: Hosts allowed even though they resolve to private or loopback addresses (an internal git server).
+    host_allowlist: list[str] = Field(default_factory=list)
+    fetch_timeout_s: float = 600.0
+
+
+class ChunkingSettings(BaseModel):
+    """Line-window chunking: the fallback for files without a syntax-aware chunker."""
+
+    window_lines: int = 60
+    overlap_lines: int = 10
+    #: Upper bound of one chunk in characters: keeps a minified line from becoming one huge chunk.
+    max_chars: int = 6000
+
+    @model_validator(mode="after")
+    def _overlap_smaller_than_window(self) -> ChunkingSettings:
+        if self.window_lines < 1:
+            raise ValueError("chunking.window_lines must be >= 1")
+        if not 0 <= self.overlap_lines < self.window_lines:
+            raise ValueError(
+                f"chunking.overlap_lines ({self.overlap_lines}) must be >= 0 and smaller than "
+                f"chunking.window_lines ({self.window_lines})"
+            )
+        return self
+
+
+class QuerySettings(BaseModel):
+    """Query service limits and credentials."""
+
+    max_results_cap: int = 50
+    default_max_results: int = 5
+    #: Admin bearer token for sources, keys and jobs administration. Unset means admin routes are refused.
+    admin_token: SecretStr | None = None
+    #: Hybrid weights (DESIGN §5: 0.3 keyword / 0.7 vector).
+    keyword_weight: float = 0.3
+    vector_weight: float = 0.7
+    #: Candidates fetched per list before fusion, as a multiple of the requested results.
+    candidate_factor: int = 4
+
+
+class IngesterSettings(BaseModel):
+    """Webhook receiver limits."""
+
+    max_body_bytes: int = 5 * 1024 * 1024
+    #: How long a delivery id is remembered for dedupe, in seconds.
+    dedupe_ttl_s: int = 7 * 24 * 3600
+
+
+class WorkerSettings(BaseModel):
+    """Celery behaviour (DESIGN §11)."""
+
+    #: Files per index batch.
+    batch_files: int = 200
+    task_soft_time_limit_s: int = 3300
+    task_time_limit_s: int = 3600
+    #: Must exceed the longest task limit, or Redis re-delivers running tasks.
+    visibility_timeout_s: int = 7200
+    result_expires_s: int = 24 * 3600
+    max_retries: int = 5
+
+
+class Settings(BaseSettings):
+    """All scopekb settings. Nested groups are set with ``SCOPEKB_<GROUP>__<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix="SCOPEKB_", env_nested_delimiter="__", extra="ignore")
+
+    #: ``json`` for services (one JSON object per line), ``console`` for terminals, ``auto`` picks by TTY.
+    log_format: str = "auto"
+    log_level: str = "INFO"
+    data_dir: Path = Path(".scopekb-data")
+
+    opensearch: OpenSearchSettings = Field(default_factory=OpenSearchSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    s3: S3Settings = Field(default_factory=S3Settings)
+    git: GitSettings = Field(default_factory=GitSettings)
+    chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
+    query: QuerySettings = Field(default_factory=QuerySettings)
+    ingester: IngesterSettings = Field(default_factory=IngesterSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+
+    @model_validator(mode="after")
+    def _check_worker_limits(self) -> Settings:
+        w = self.worker
+        if w.visibility_timeout_s <= w.task_time_limit_s:
+            raise ValueError(
+                f"worker.visibility_timeout_s ({w.visibility_timeout_s}) must be longer than "
+                f"worker.task_time_limit_s ({w.task_time_limit_s}), or Redis re-delivers running tasks"
+            )
+        if w.task_soft_time_limit_s >= w.task_time_limit_s:
+            raise ValueError("worker.task_soft_time_limit_s must be smaller than worker.task_time_limit_s")
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Return the process-wide settings, built once from the environment.
+
+    Raises:
+        pydantic.ValidationError: a setting has a bad value; the message names the field.
+    """
+    return Settings()

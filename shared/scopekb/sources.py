@@ -1,0 +1,109 @@
+"""Source registration rules: which clone URLs are accepted, and how webhook payloads find their sources.
+
+The clone URL always comes from the registered source, never from a payload (SSRF, DESIGN §4.2).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from collections.abc import Iterable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from scopekb.models import Source
+
+_SCP_RE = re.compile(r"^(?P<user>[A-Za-z0-9._-]+)@(?P<host>[A-Za-z0-9.-]+):(?P<path>[^:].*)$")
+
+
+class InvalidRepoUrl(ValueError):
+    """A clone URL that registration refuses; the message says why in one line."""
+
+
+def _host_of(url: str) -> str | None:
+    m = _SCP_RE.match(url)
+    if m:
+        return m.group("host")
+    return urlsplit(url).hostname
+
+
+def validate_repo_url(url: str, allow_local: bool = False, host_allowlist: Iterable[str] = ()) -> str:
+    """Check a clone URL and return it normalised (whitespace stripped).
+
+    Accepted: ``https://`` and ``ssh://`` URLs and scp-like ``git@host:path``; local repository paths only when
+    ``allow_local``. Refused: other schemes (``file://``, ``ext::``, ``http://``), credentials in the URL, and
+    hosts resolving to loopback, private, link-local, reserved or metadata addresses unless allowlisted.
+
+    Raises:
+        InvalidRepoUrl: with the reason.
+    """
+    url = url.strip()
+    if not url:
+        raise InvalidRepoUrl("repo_url is empty")
+    if "::" in url.split("/", 1)[0] or url.startswith("ext::"):
+        raise InvalidRepoUrl("git remote helpers (ext::, fd::, ...) are not allowed")
+    if url.startswith("/") or url.startswith("file://"):
+        if not allow_local:
+            raise InvalidRepoUrl("local paths are only allowed in embedded mode (git.allow_local_paths)")
+        p = Path(url.removeprefix("file://"))
+        if not ((p / ".git").exists() or (p / "HEAD").exists()):
+            raise InvalidRepoUrl(f"{p} is not a git repository")
+        return str(p)
+    m = _SCP_RE.match(url)
+    if m:
+        host = m.group("host")
+    else:
+        parts = urlsplit(url)
+        if parts.scheme not in ("https", "ssh"):
+            raise InvalidRepoUrl(f"scheme {parts.scheme or '(none)'!r} is not allowed; use https or ssh")
+        if parts.password:
+            raise InvalidRepoUrl("credentials in the URL are not allowed; configure them on the worker")
+        host = parts.hostname or ""
+    if not host:
+        raise InvalidRepoUrl("repo_url has no host")
+    if host.lower() in {h.lower() for h in host_allowlist}:
+        return url
+    _check_public_host(host)
+    return url
+
+
+def _check_public_host(host: str) -> None:
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError):
+        raise InvalidRepoUrl(f"host {host!r} does not resolve") from None
+    for info in infos:
+        ip = ipaddress.ip_address(info[4][0])
+        if (ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_reserved or ip.is_multicast
+                or ip.is_unspecified or str(ip) == "169.254.169.254"):
+            raise InvalidRepoUrl(f"host {host!r} resolves to a non-public address ({ip}); "
+                                 "add it to the host allowlist to permit it")
+
+
+def normalise_repo(url: str) -> str:
+    """A comparison key for clone URLs: host + path, lower-case host, no ``.git``, no trailing slash.
+
+    ``https://github.com/Org/Repo.git``, ``git@github.com:Org/Repo.git`` and ``ssh://git@github.com/Org/Repo``
+    all give ``github.com/Org/Repo``. Local paths are returned resolved.
+    """
+    url = url.strip()
+    if url.startswith("/"):
+        return str(Path(url).resolve())
+    m = _SCP_RE.match(url)
+    if m:
+        host, path = m.group("host"), m.group("path")
+    else:
+        parts = urlsplit(url)
+        host, path = parts.hostname or "", parts.path
+    path = path.strip("/").removesuffix(".git")
+    return f"{host.lower()}/{path}"
+
+
+def matching_sources(sources: Iterable[Source], urls: Iterable[str | None],
+                     full_names: Iterable[str | None]) -> list[Source]:
+    """Sources whose clone URL or ``repo_name`` matches a payload's repository URLs or full names."""
+    keys = {normalise_repo(u) for u in urls if u}
+    names = {n for n in full_names if n}
+    return [s for s in sources
+            if normalise_repo(s.repo_url) in keys or (s.repo_name is not None and s.repo_name in names)]

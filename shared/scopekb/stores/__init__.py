@@ -1,0 +1,1 @@
+"""Stores: the chunk index (OpenSearch; SQLite in embedded mode) and small system records."""

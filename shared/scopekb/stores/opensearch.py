@@ -1,0 +1,329 @@
+"""The chunk index on OpenSearch: one shared index behind an alias, every chunk tagged with its scope.
+
+Writers call :meth:`OpenSearchChunkStore.bulk_write` and the delete methods; readers call :meth:`keyword_search`.
+Every read is filtered by a :class:`ScopeFilter`; there is no unscoped search method.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opensearchpy import OpenSearch, helpers
+from opensearchpy.exceptions import NotFoundError, RequestError, TransportError
+
+from scopekb import fields as F
+from scopekb.logging import get_logger
+from scopekb.settings import OpenSearchSettings
+
+log = get_logger(__name__)
+
+
+class IndexVersionMismatch(RuntimeError):
+    """The live index behind the alias was built for another mapping version or embedding dimension."""
+
+
+@dataclass(frozen=True)
+class ScopeFilter:
+    """The scope a read may see: one agent and either some of its contexts or all of them.
+
+    ``context_ids=None`` means every context of ``agent_name`` (``cross_context``); it never widens to another
+    agent. An empty tuple matches nothing.
+    """
+
+    agent_name: str
+    context_ids: tuple[str, ...] | None
+
+    def clauses(self) -> list[dict[str, Any]]:
+        """OpenSearch ``filter`` clauses enforcing this scope."""
+        out: list[dict[str, Any]] = [{"term": {F.AGENT_NAME: self.agent_name}}]
+        if self.context_ids is not None:
+            out.append({"terms": {F.CONTEXT_ID: list(self.context_ids)}})
+        return out
+
+
+@dataclass
+class BulkReport:
+    """Outcome of a bulk write: ``written`` documents and per-item ``errors`` as (doc id, path, reason)."""
+
+    written: int = 0
+    errors: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def make_client(cfg: OpenSearchSettings) -> OpenSearch:
+    """Build an opensearch-py client from settings (basic auth when a username is set)."""
+    auth = None
+    if cfg.username:
+        auth = (cfg.username, cfg.password.get_secret_value() if cfg.password else "")
+    return OpenSearch(hosts=[cfg.url], http_auth=auth, verify_certs=cfg.verify_certs, timeout=cfg.timeout_s,
+                      max_retries=3, retry_on_timeout=True, http_compress=False)
+
+
+def filter_clauses(scope: ScopeFilter, *, source_id: str | None = None, repo: str | None = None,
+                   ref: str | None = None, languages: Sequence[str] = (),
+                   file_patterns: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """All filters of a search: the scope (always) plus optional provenance, language and path globs."""
+    out = scope.clauses()
+    if source_id:
+        out.append({"term": {F.SOURCE_ID: source_id}})
+    if repo:
+        out.append({"term": {F.REPO: repo}})
+    if ref:
+        out.append({"term": {F.REF: ref.removeprefix("refs/heads/")}})
+    if languages:
+        out.append({"terms": {F.LANGUAGE: list(languages)}})
+    if file_patterns:
+        out.append({"bool": {"should": [{"wildcard": {F.PATH: {"value": _glob_to_wildcard(p)}}}
+                                        for p in file_patterns], "minimum_should_match": 1}})
+    return out
+
+
+def _glob_to_wildcard(glob: str) -> str:
+    """Translate a path glob to an OpenSearch wildcard. ``**`` and ``*`` both match across ``/`` there.
+
+    A pattern without ``/`` matches the file name in any folder (``*.py`` → ``*.py``, ``foo.py`` → ``*foo.py``
+    is not wanted, so bare names get a ``*/`` alternative handled by the leading ``*``).
+    """
+    g = glob.replace("**/", "*").replace("**", "*")
+    if "/" not in glob and not g.startswith("*"):
+        # "setup.py" should match "setup.py" and "pkg/setup.py" alike.
+        return "*" + g if g else "*"
+    return g
+
+
+class OpenSearchChunkStore:
+    """Chunk documents in one OpenSearch index behind ``alias``.
+
+    Args:
+        client: an opensearch-py client.
+        alias: the alias every reader and writer uses (``scopekb-chunks``).
+        dimension: embedding dimension, or None for a keyword-only index.
+        model: embedding model id (part of the index version name).
+    """
+
+    def __init__(self, client: OpenSearch, alias: str = "scopekb-chunks", dimension: int | None = None,
+                 model: str | None = None, shards: int = 1, replicas: int = 0,
+                 bulk_max_bytes: int = 4 * 1024 * 1024) -> None:
+        self.client = client
+        self.alias = alias
+        self.dimension = dimension
+        self.model = model
+        self.shards = shards
+        self.replicas = replicas
+        self.bulk_max_bytes = bulk_max_bytes
+
+    # ---- index lifecycle -------------------------------------------------------------------------------------
+
+    @property
+    def version_name(self) -> str:
+        """The concrete index name for this mapping version and model."""
+        return F.index_version_name(self.alias, self.dimension, self.model)
+
+    def ensure_index(self) -> str:
+        """Create the versioned index with its mapping in one call and point the alias at it, idempotently.
+
+        Returns the concrete index name. Raises :class:`IndexVersionMismatch` when the alias already points at an
+        index of another mapping version or dimension (a reindex is needed, not a silent switch).
+        """
+        current = self.live_index()
+        if current is not None:
+            meta = self.client.indices.get_mapping(index=current)[current]["mappings"].get("_meta", {})
+            if meta.get("mapping_version") != F.MAPPING_VERSION or meta.get("dimension") != self.dimension:
+                raise IndexVersionMismatch(
+                    f"index {current!r} behind alias {self.alias!r} has mapping version "
+                    f"{meta.get('mapping_version')} and dimension {meta.get('dimension')}; this process wants "
+                    f"version {F.MAPPING_VERSION} and dimension {self.dimension}. Run `scopekb reindex`.")
+            return current
+        name = self.version_name
+        body = {"settings": F.chunk_index_settings(self.shards, self.replicas, knn=bool(self.dimension)),
+                "mappings": F.chunk_mapping(self.dimension)}
+        try:
+            self.client.indices.create(index=name, body=body)
+            log.info("chunk_index_created", index=name, dimension=self.dimension)
+        except RequestError as e:
+            if e.error != "resource_already_exists_exception":
+                raise
+        try:
+            self.client.indices.update_aliases(body={"actions": [{"add": {"index": name, "alias": self.alias}}]})
+        except RequestError:
+            if self.live_index() != name:
+                raise
+        return name
+
+    def live_index(self) -> str | None:
+        """The index the alias points at, or None when the alias does not exist."""
+        try:
+            res = self.client.indices.get_alias(name=self.alias)
+        except NotFoundError:
+            return None
+        names = sorted(res.keys())
+        return names[-1] if names else None
+
+    def refresh(self) -> None:
+        """Make every write so far visible to search (tests and the CLI; syncs rely on the refresh interval)."""
+        self.client.indices.refresh(index=self.alias)
+
+    # ---- writes ----------------------------------------------------------------------------------------------
+
+    def bulk_write(self, docs: Iterable[dict[str, Any]], refresh: bool = False) -> BulkReport:
+        """Index chunk documents (each with ``_id``) in bulk requests of about ``bulk_max_bytes``.
+
+        Per-item errors are inspected: 429 items are retried with backoff (up to 5 attempts); any other error
+        (e.g. a mapping error) is returned against the document's path, never dropped silently.
+        """
+        report = BulkReport()
+        pending = [d for d in docs]
+        attempt = 0
+        while pending:
+            retry: list[dict[str, Any]] = []
+            actions = ({"_op_type": "index", "_index": self.alias, "_id": d["_id"],
+                        "_source": {k: v for k, v in d.items() if k != "_id"}} for d in pending)
+            by_id = {d["_id"]: d for d in pending}
+            for ok, item in helpers.streaming_bulk(self.client, actions, max_chunk_bytes=self.bulk_max_bytes,
+                                                   chunk_size=500, raise_on_error=False,
+                                                   raise_on_exception=False, max_retries=0):
+                info = item.get("index", {})
+                if ok:
+                    report.written += 1
+                    continue
+                doc_id = str(info.get("_id"))
+                status = info.get("status")
+                if status == 429 and attempt < 5:
+                    retry.append(by_id[doc_id])
+                    continue
+                err = info.get("error")
+                reason = err.get("reason", str(err)) if isinstance(err, dict) else str(err)
+                report.errors.append((doc_id, str(by_id.get(doc_id, {}).get(F.PATH, "?")), f"{status}: {reason}"))
+            pending = retry
+            if pending:
+                attempt += 1
+                time.sleep(min(8.0, 0.25 * 2**attempt))
+        if refresh:
+            self.refresh()
+        return report
+
+    def delete_path(self, scope_agent: str, scope_context: str, source_id: str, path: str,
+                    keep_ids: Sequence[str] = ()) -> int:
+        """Delete a document's chunks for one scope and source, except ``keep_ids`` (the chunks just written).
+
+        Returns the number of chunks deleted.
+        """
+        query: dict[str, Any] = {"bool": {"filter": [
+            {"term": {F.AGENT_NAME: scope_agent}}, {"term": {F.CONTEXT_ID: scope_context}},
+            {"term": {F.SOURCE_ID: source_id}}, {"term": {F.PATH: path}}]}}
+        if keep_ids:
+            query["bool"]["must_not"] = [{"ids": {"values": list(keep_ids)}}]
+        return self._delete_by_query(query)
+
+    def delete_source(self, source_id: str, paths: Sequence[str] | None = None) -> int:
+        """Delete every chunk of a source (all its scopes), or only those of ``paths``. Returns chunks deleted."""
+        flt: list[dict[str, Any]] = [{"term": {F.SOURCE_ID: source_id}}]
+        total = 0
+        if paths is None:
+            return self._delete_by_query({"bool": {"filter": flt}})
+        for i in range(0, len(paths), 1000):
+            total += self._delete_by_query(
+                {"bool": {"filter": [*flt, {"terms": {F.PATH: list(paths[i:i + 1000])}}]}})
+        return total
+
+    def _delete_by_query(self, query: dict[str, Any]) -> int:
+        for attempt in range(6):
+            try:
+                res = self.client.delete_by_query(index=self.alias, body={"query": query}, conflicts="proceed",
+                                                  refresh=False, params={"slices": "auto"})
+                return int(res.get("deleted", 0))
+            except NotFoundError:
+                return 0
+            except TransportError as e:
+                if e.status_code in (429, 503) and attempt < 5:
+                    time.sleep(0.25 * 2**attempt)
+                    continue
+                raise
+        return 0
+
+    # ---- reads -----------------------------------------------------------------------------------------------
+
+    def indexed_paths(self, source_id: str, agent_name: str | None = None,
+                      context_id: str | None = None) -> set[str]:
+        """Every path that has chunks for a source (optionally one scope), via a paged composite aggregation."""
+        flt: list[dict[str, Any]] = [{"term": {F.SOURCE_ID: source_id}}]
+        if agent_name is not None:
+            flt.append({"term": {F.AGENT_NAME: agent_name}})
+        if context_id is not None:
+            flt.append({"term": {F.CONTEXT_ID: context_id}})
+        return {b[F.PATH] for b in self._composite(flt, [F.PATH])}
+
+    def _composite(self, flt: list[dict[str, Any]], keys: list[str]) -> Iterator[dict[str, Any]]:
+        after: dict[str, Any] | None = None
+        while True:
+            comp: dict[str, Any] = {"size": 1000, "sources": [{k: {"terms": {"field": k}}} for k in keys]}
+            if after:
+                comp["after"] = after
+            try:
+                res = self.client.search(index=self.alias, body={
+                    "size": 0, "query": {"bool": {"filter": flt}}, "aggs": {"c": {"composite": comp}}})
+            except NotFoundError:
+                return
+            agg = res["aggregations"]["c"]
+            for b in agg["buckets"]:
+                yield {**b["key"], "doc_count": b["doc_count"]}
+            after = agg.get("after_key")
+            if not after or not agg["buckets"]:
+                return
+
+    def count(self, flt: list[dict[str, Any]] | None = None) -> int:
+        """Number of chunks matching filter clauses (all chunks when None)."""
+        body = {"query": {"bool": {"filter": flt}}} if flt else {"query": {"match_all": {}}}
+        try:
+            return int(self.client.count(index=self.alias, body=body)["count"])
+        except NotFoundError:
+            return 0
+
+    def source_stats(self, source_id: str) -> dict[str, int]:
+        """``{"documents": distinct paths, "chunks": chunk count}`` for one source."""
+        flt = [{"term": {F.SOURCE_ID: source_id}}]
+        try:
+            res = self.client.search(index=self.alias, body={
+                "size": 0, "track_total_hits": True, "query": {"bool": {"filter": flt}},
+                "aggs": {"docs": {"cardinality": {"field": F.PATH, "precision_threshold": 40000}}}})
+        except NotFoundError:
+            return {"documents": 0, "chunks": 0}
+        return {"documents": int(res["aggregations"]["docs"]["value"]),
+                "chunks": int(res["hits"]["total"]["value"])}
+
+    def keyword_search(self, query: str, filters: list[dict[str, Any]], size: int,
+                       offset: int = 0) -> list[tuple[str, float, dict[str, Any]]]:
+        """BM25 over symbol^5, signature^3, content and path, within ``filters``.
+
+        Returns ``(doc id, raw BM25 score, _source)`` best first; ties are broken by ``_id`` so pages are stable.
+        """
+        body = {
+            "size": size, "from": offset,
+            "query": {"bool": {"filter": filters, "must": [{"multi_match": {
+                "query": query, "fields": F.KEYWORD_FIELDS, "type": "best_fields", "tie_breaker": 0.3}}]}},
+            "sort": [{"_score": "desc"}, {F.CONTENT_SHA: "asc"}, {F.CHUNK_INDEX: "asc"}],
+            "track_scores": True,
+            "_source": {"excludes": [F.EMBEDDING]},
+        }
+        try:
+            res = self.client.search(index=self.alias, body=body)
+        except NotFoundError:
+            return []
+        return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]
+
+    def vector_search(self, vector: Sequence[float], filters: list[dict[str, Any]], k: int
+                      ) -> list[tuple[str, float, dict[str, Any]]]:
+        """kNN (lucene hnsw, cosinesimil) with the filters inside the ``knn`` clause, so k hits come back when
+        k matching chunks exist. Scores are the plugin's ``(1 + cos) / 2`` in [0, 1]."""
+        if not self.dimension:
+            return []
+        body = {"size": k, "query": {"knn": {F.EMBEDDING: {
+            "vector": list(vector), "k": k, "filter": {"bool": {"filter": filters}}}}},
+            "_source": {"excludes": [F.EMBEDDING]}}
+        try:
+            res = self.client.search(index=self.alias, body=body)
+        except NotFoundError:
+            return []
+        return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]

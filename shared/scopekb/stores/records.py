@@ -1,0 +1,119 @@
+"""Small durable records in OpenSearch system indices: sources, jobs, sync state and API keys.
+
+Each kind lives in its own index ``<system_prefix>-<kind>`` with a strict-enough mapping (keyword fields for the
+lookups used here, everything else stored but not indexed). Writes use ``refresh="wait_for"`` so a record is
+visible to the next read from any process, which is what registration and job polling expect.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from opensearchpy import OpenSearch
+from opensearchpy.exceptions import NotFoundError, RequestError
+
+from scopekb.models import Job, Source, utcnow
+
+_KEYWORD_FIELDS: dict[str, list[str]] = {
+    "sources": ["id", "agent_name", "context_id", "repo_url", "repo_name", "ref"],
+    "jobs": ["id", "state", "source_ids", "repo", "ref", "trigger"],
+    "state": ["source_id", "commit"],
+    "keys": ["id", "agent_name", "key_hash", "context_ids", "role"],
+}
+_DATE_FIELDS = {"created_at", "started_at", "finished_at", "indexed_at", "revoked_at"}
+
+
+class RecordStore:
+    """Get/put/delete/search small JSON records by kind (``sources``, ``jobs``, ``state``, ``keys``)."""
+
+    def __init__(self, client: OpenSearch, prefix: str = "scopekb-sys") -> None:
+        self.client = client
+        self.prefix = prefix
+        self._ensured: set[str] = set()
+
+    def index_name(self, kind: str) -> str:
+        return f"{self.prefix}-{kind}"
+
+    def ensure(self, kind: str) -> None:
+        """Create the system index of ``kind`` if missing (idempotent, safe under races)."""
+        if kind in self._ensured:
+            return
+        props: dict[str, Any] = {f: {"type": "keyword"} for f in _KEYWORD_FIELDS[kind]}
+        props.update({f: {"type": "date"} for f in _DATE_FIELDS})
+        body = {"settings": {"index": {"number_of_shards": 1, "number_of_replicas": 0}},
+                "mappings": {"dynamic": False, "properties": props}}
+        try:
+            self.client.indices.create(index=self.index_name(kind), body=body)
+        except RequestError as e:
+            if e.error != "resource_already_exists_exception":
+                raise
+        self._ensured.add(kind)
+
+    def put(self, kind: str, rec_id: str, doc: dict[str, Any], wait: bool = True) -> None:
+        """Create or replace a record."""
+        self.ensure(kind)
+        self.client.index(index=self.index_name(kind), id=rec_id, body=doc,
+                          refresh="wait_for" if wait else "false")
+
+    def get(self, kind: str, rec_id: str) -> dict[str, Any] | None:
+        """A record by id, or None."""
+        self.ensure(kind)
+        try:
+            return dict(self.client.get(index=self.index_name(kind), id=rec_id)["_source"])
+        except NotFoundError:
+            return None
+
+    def delete(self, kind: str, rec_id: str) -> bool:
+        """Delete a record; True when it existed."""
+        self.ensure(kind)
+        try:
+            self.client.delete(index=self.index_name(kind), id=rec_id, refresh="wait_for")
+            return True
+        except NotFoundError:
+            return False
+
+    def find(self, kind: str, size: int = 1000, sort: str | None = None, **terms: Any) -> list[dict[str, Any]]:
+        """Records whose keyword fields equal ``terms`` (all must match), at most ``size``."""
+        self.ensure(kind)
+        flt = [{"term": {k: v}} for k, v in terms.items() if v is not None]
+        body: dict[str, Any] = {"size": size, "query": {"bool": {"filter": flt}} if flt else {"match_all": {}}}
+        if sort:
+            body["sort"] = [{sort: "desc"}]
+        res = self.client.search(index=self.index_name(kind), body=body)
+        return [h["_source"] for h in res["hits"]["hits"]]
+
+    # ---- typed helpers ---------------------------------------------------------------------------------------
+
+    def put_source(self, src: Source) -> None:
+        d = src.model_dump(mode="json")
+        d["webhook_secret"] = src.webhook_secret.get_secret_value() if src.webhook_secret else None
+        self.put("sources", src.id, d)
+
+    def get_source(self, source_id: str) -> Source | None:
+        d = self.get("sources", source_id)
+        return Source.model_validate(d) if d else None
+
+    def list_sources(self, **terms: Any) -> list[Source]:
+        return [Source.model_validate(d) for d in self.find("sources", sort="created_at", **terms)]
+
+    def put_job(self, job: Job) -> None:
+        self.put("jobs", job.id, job.model_dump(mode="json"))
+
+    def get_job(self, job_id: str) -> Job | None:
+        d = self.get("jobs", job_id)
+        return Job.model_validate(d) if d else None
+
+    def list_jobs(self, source_id: str | None = None, size: int = 20) -> list[Job]:
+        return [Job.model_validate(d) for d in self.find("jobs", size=size, sort="created_at",
+                                                         source_ids=source_id)]
+
+    def indexed_commit(self, source_id: str) -> str | None:
+        """The last commit fully indexed for a source (its sync state), or None before the first sync."""
+        d = self.get("state", source_id)
+        return d.get("commit") if d else None
+
+    def set_indexed_commit(self, source_id: str, commit: str | None, when: datetime | None = None) -> None:
+        """Advance a source's sync state; call only after every batch of the sync succeeded."""
+        self.put("state", source_id, {"source_id": source_id, "commit": commit,
+                                      "indexed_at": (when or utcnow()).isoformat()})

@@ -1,0 +1,1 @@
+"""scopekb workers: Celery tasks that call the plain sync functions of :mod:`scopekb.indexing`."""

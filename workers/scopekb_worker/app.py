@@ -1,0 +1,89 @@
+"""The Celery app and its thin tasks. Start with ``scopekb worker`` (or ``celery -A scopekb_worker.app worker``).
+
+Tasks are at-least-once (``acks_late``, ``task_reject_on_worker_lost``) and idempotent. A per-repository Redis
+lock serialises syncs of one repository; a later push finds the work done or does the remainder, so a newer
+push supersedes an older one and a lost delivery heals at the next push.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Any
+
+from celery import Task
+from celery.signals import task_postrun, task_prerun, worker_process_init
+from opensearchpy.exceptions import ConnectionError as OSConnectionError
+from opensearchpy.exceptions import TransportError
+from redis.exceptions import RedisError
+from scopekb import queue
+from scopekb.gitrepo import GitError
+from scopekb.indexing import SyncError, run_sync
+from scopekb.logging import bind_context, clear_context, configure_logging, get_logger
+from scopekb.runtime import Runtime, build_runtime, redis_client
+from scopekb.settings import get_settings
+
+log = get_logger("scopekb.worker")
+
+app = queue.make_celery(get_settings(), name="scopekb-worker")
+
+
+@lru_cache(maxsize=1)
+def runtime() -> Runtime:
+    """Clients of this worker process, built on first use (after fork)."""
+    rt = build_runtime(get_settings())
+    rt.chunks.ensure_index()
+    return rt
+
+
+@worker_process_init.connect
+def _init_logging(**_: Any) -> None:
+    s = get_settings()
+    configure_logging("json" if s.log_format == "auto" else s.log_format, s.log_level)
+
+
+@task_prerun.connect
+def _bind(task_id: str | None = None, task: Task | None = None, kwargs: dict[str, Any] | None = None,
+          **_: Any) -> None:
+    clear_context()
+    kw = kwargs or {}
+    bind_context(task_id=task_id, task=task.name if task else None,
+                 delivery_id=kw.get("delivery_id"), job_id=kw.get("job_id"))
+
+
+@task_postrun.connect
+def _unbind(**_: Any) -> None:
+    clear_context()
+
+
+@app.task(name=queue.TASK_PING)
+def ping(value: str = "ping") -> dict[str, Any]:
+    """Round-trip check: returns the value and the worker's pid."""
+    return {"value": value, "pid": os.getpid()}
+
+
+@app.task(name=queue.TASK_SYNC_SOURCES, bind=True, max_retries=get_settings().worker.max_retries)
+def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | None = None,
+                 branch_deleted: bool = False, delivery_id: str | None = None,
+                 trigger: str = "webhook") -> dict[str, Any]:
+    """Sync sources of one repository and ref to the ref's current commit; returns the job record as JSON.
+
+    Transient failures (git fetch, OpenSearch or Redis unreachable) are retried with exponential backoff up
+    to ``worker.max_retries`` times; a :class:`SyncError` is permanent and not retried.
+    """
+    s = get_settings()
+    rt = runtime()
+    rds = redis_client(s)
+    log.info("sync_started", source_ids=source_ids, after=after, branch_deleted=branch_deleted)
+    lock_name = queue.LOCK_KEY.format(repo_hash=queue.repo_hash(",".join(sorted(source_ids))))
+    try:
+        with rds.lock(lock_name, timeout=s.worker.task_time_limit_s, blocking_timeout=s.worker.task_time_limit_s):
+            job = run_sync(rt.sync_deps(), job_id, source_ids, trigger=trigger, branch_deleted=branch_deleted)
+    except SyncError as e:
+        log.error("sync_refused", error=str(e))
+        return {"id": job_id, "state": "failed", "errors": [str(e)]}
+    except (GitError, OSConnectionError, TransportError, RedisError, OSError) as e:
+        delay = min(300, 5 * 2**self.request.retries)
+        log.warning("sync_retry", error=str(e), retries=self.request.retries, countdown=delay)
+        raise self.retry(exc=e, countdown=delay) from e
+    return job.model_dump(mode="json")
