@@ -65,7 +65,26 @@ def worker(concurrency: int = 2, loglevel: str = "INFO") -> None:
     from scopekb_worker.app import app as celery_app
 
     celery_app.worker_main(["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}",
+                            f"--queues={get_settings().worker.queue}",
                             "--without-gossip", "--without-mingle"])
+
+
+@app.command()
+def beat(loglevel: str = "INFO") -> None:
+    """Run Celery beat (periodic reconcile). Run exactly one."""
+    from scopekb_worker.app import app as celery_app
+
+    celery_app.start(["beat", f"--loglevel={loglevel}"])
+
+
+@app.command()
+def init() -> None:
+    """Create the chunk index behind its alias and the system indices, idempotently (deploy hook)."""
+    rt = _rt()
+    name = rt.chunks.ensure_index()
+    for kind in ("sources", "jobs", "state", "keys"):
+        rt.records.ensure(kind)
+    out.print(f"index {name} behind alias {rt.chunks.alias}; system indices ready")
 
 
 @source_app.command("add")

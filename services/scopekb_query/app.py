@@ -4,7 +4,6 @@ Authentication: ``Authorization: Bearer <key>``. Agent keys search within the sc
 admin token (``SCOPEKB_QUERY__ADMIN_TOKEN``) manages sources and keys. OpenAPI at ``/openapi.json``.
 """
 
-from __future__ import annotations
 
 import json
 import time

@@ -32,12 +32,13 @@ METADATA = "metadata"
 INDEXED_AT = "indexed_at"
 
 #: Bumped whenever the mapping or analyzers change; part of the concrete index name behind the alias.
-MAPPING_VERSION = 1
+MAPPING_VERSION = 3
 
 #: BM25 field boosts (the Turso seed weights name 5.0 and signature 3.0 over content).
 KEYWORD_FIELDS = [f"{SYMBOL}^5", f"{SIGNATURE}^3", CONTENT, f"{PATH_TEXT}^2"]
 
 CODE_ANALYZER = "scopekb_code"
+CODE_SEARCH_ANALYZER = "scopekb_code_search"
 
 _ANALYSIS: dict[str, Any] = {
     "filter": {
@@ -54,12 +55,23 @@ _ANALYSIS: dict[str, Any] = {
             "stem_english_possessive": False,
         }
     },
+    "tokenizer": {
+        # Identifiers (letters, digits, underscore) are tokens; everything else separates them.
+        "scopekb_identifier": {"type": "pattern", "pattern": "[^\\p{L}\\p{N}_]+"},
+    },
     "analyzer": {
         CODE_ANALYZER: {
             "type": "custom",
-            "tokenizer": "whitespace",
+            "tokenizer": "scopekb_identifier",
             "filter": ["scopekb_code_split", "lowercase"],
-        }
+        },
+        # Queries keep identifiers whole: `parse_rfc3339` matches the preserved original token exactly instead of
+        # every chunk that mentions "parse"; "retry upload" still matches the parts split at index time.
+        CODE_SEARCH_ANALYZER: {
+            "type": "custom",
+            "tokenizer": "scopekb_identifier",
+            "filter": ["lowercase"],
+        },
     },
 }
 
@@ -70,8 +82,8 @@ def chunk_mapping(dimension: int | None) -> dict[str, Any]:
     Vectors use the ``lucene`` engine (hnsw, cosinesimil): the k-NN plugin here has no native libraries and its
     default engine would end the node (DESIGN §8).
     """
-    text_kw = {"type": "text", "analyzer": CODE_ANALYZER, "fields": {"keyword": {"type": "keyword",
-                                                                                 "ignore_above": 512}}}
+    text_kw = {"type": "text", "analyzer": CODE_ANALYZER, "search_analyzer": CODE_SEARCH_ANALYZER,
+               "fields": {"keyword": {"type": "keyword", "ignore_above": 512}}}
     props: dict[str, Any] = {
         AGENT_NAME: {"type": "keyword"},
         CONTEXT_ID: {"type": "keyword"},
@@ -79,12 +91,13 @@ def chunk_mapping(dimension: int | None) -> dict[str, Any]:
         REPO: {"type": "keyword"},
         REF: {"type": "keyword"},
         COMMIT: {"type": "keyword"},
-        PATH: {"type": "keyword", "fields": {"text": {"type": "text", "analyzer": CODE_ANALYZER}}},
+        PATH: {"type": "keyword", "fields": {"text": {"type": "text", "analyzer": CODE_ANALYZER,
+                                                      "search_analyzer": CODE_SEARCH_ANALYZER}}},
         LANGUAGE: {"type": "keyword"},
         KIND: {"type": "keyword"},
         SYMBOL: text_kw,
         SIGNATURE: text_kw,
-        CONTENT: {"type": "text", "analyzer": CODE_ANALYZER},
+        CONTENT: {"type": "text", "analyzer": CODE_ANALYZER, "search_analyzer": CODE_SEARCH_ANALYZER},
         CHUNK_INDEX: {"type": "integer"},
         START_LINE: {"type": "integer"},
         END_LINE: {"type": "integer"},

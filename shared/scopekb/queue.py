@@ -15,7 +15,6 @@ from scopekb.settings import Settings
 
 TASK_SYNC_SOURCES = "scopekb.sync_sources"
 TASK_PING = "scopekb.ping"
-QUEUE_SYNC = "scopekb.sync"
 
 DEDUPE_KEY = "scopekb:delivery:{provider}:{delivery_id}"
 LOCK_KEY = "scopekb:lock:repo:{repo_hash}"
@@ -34,8 +33,8 @@ def make_celery(settings: Settings, name: str = "scopekb") -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        task_default_queue=QUEUE_SYNC,
-        task_routes={TASK_SYNC_SOURCES: {"queue": QUEUE_SYNC}, TASK_PING: {"queue": QUEUE_SYNC}},
+        task_default_queue=w.queue,
+        task_routes={TASK_SYNC_SOURCES: {"queue": w.queue}, TASK_PING: {"queue": w.queue}},
         task_soft_time_limit=w.task_soft_time_limit_s,
         task_time_limit=w.task_time_limit_s,
         broker_transport_options={"visibility_timeout": w.visibility_timeout_s},

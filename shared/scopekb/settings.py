@@ -107,6 +107,8 @@ class IngesterSettings(BaseModel):
 class WorkerSettings(BaseModel):
     """Celery behaviour (DESIGN §11)."""
 
+    #: Celery queue for sync tasks; separate names isolate worker pools (or test runs) on one Redis.
+    queue: str = "scopekb.sync"
     #: Files per index batch.
     batch_files: int = 200
     task_soft_time_limit_s: int = 3300
