@@ -120,12 +120,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not found:
             log.info("webhook_unknown_repository", repository=full_name)
             return _err(404, "not found", provider, "unknown_repo")
-        secrets = [s.webhook_secret.get_secret_value() for s in found if s.webhook_secret]
         sig = request.headers.get("x-hub-signature-256")
-        if secrets:
-            if not verify_github(secrets, raw, sig):
-                log.warning("webhook_bad_signature", repository=full_name)
-                return _err(401, "invalid signature", provider, "bad_signature")
+        # Only sources whose own secret signed this body (or that have no secret) take part.
+        eligible = [s for s in found if s.webhook_secret is None
+                    or verify_github([s.webhook_secret.get_secret_value()], raw, sig)]
+        if not eligible:
+            log.warning("webhook_bad_signature", repository=full_name)
+            return _err(401, "invalid signature", provider, "bad_signature")
         if event == "ping":
             WEBHOOKS.labels(provider, "ping").inc()
             return JSONResponse({"status": "pong"}, status_code=200)
@@ -134,7 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except BadRequest as e:
             return _err(400, str(e), provider, "bad_request")
         branch = push.branch
-        targets = [s for s in found if branch is not None and s.ref == branch]
+        targets = [s for s in eligible if branch is not None and s.ref == branch]
         if not targets:
             WEBHOOKS.labels(provider, "ignored").inc()
             log.info("webhook_ignored", ref=push.ref, reason="no source tracks this ref")
