@@ -1,0 +1,84 @@
+"""Skip rules, decoding, clone-URL validation and key scopes."""
+
+from __future__ import annotations
+
+import codecs
+
+import pytest
+
+from scopekb import filetypes as ft
+from scopekb.auth import ApiKey, ScopeDenied, ScopeMissing, hash_key, new_key, resolve_scope
+from scopekb.sources import InvalidRepoUrl, normalise_repo, validate_repo_url
+
+
+def test_decode_variants() -> None:
+    assert ft.decode_text(codecs.BOM_UTF8 + "héllo\r\nx\r".encode()) == "héllo\nx\n"
+    assert ft.decode_text(codecs.BOM_UTF16_LE + "grüß".encode("utf-16-le")) == "grüß"
+    assert ft.decode_text("café".encode("latin-1")) == "café"
+
+
+def test_content_skip_reasons() -> None:
+    assert ft.content_skip_reason(b"\x00\x01binary") == ft.SKIP_BINARY
+    assert ft.content_skip_reason(b"version https://git-lfs.github.com/spec/v1\noid sha256:x\n") == ft.SKIP_LFS
+    assert ft.content_skip_reason(b"  \n\t") == ft.SKIP_EMPTY
+    assert ft.content_skip_reason(codecs.BOM_UTF16_LE + "a".encode("utf-16-le")) is None
+    assert ft.content_skip_reason(b"print('hi')\n") is None
+
+
+@pytest.mark.parametrize("path,reason", [
+    (".env", ft.SKIP_SECRET), ("conf/.env.production", ft.SKIP_SECRET), ("keys/id_rsa", ft.SKIP_SECRET),
+    ("certs/server.pem", ft.SKIP_SECRET), ("node_modules/x/index.js", ft.SKIP_VENDORED),
+    ("static/app.min.js", ft.SKIP_VENDORED), ("src/app.py", None), ("docs/naïve file 'q'.md", None),
+])
+def test_path_skip_reasons(path: str, reason: str | None) -> None:
+    assert ft.path_skip_reason(path) == reason
+
+
+def test_include_exclude_globs() -> None:
+    assert ft.path_skip_reason("a/b.py", include=["*.py"]) is None
+    assert ft.path_skip_reason("a/b.md", include=["*.py"]) == ft.SKIP_EXCLUDED
+    assert ft.path_skip_reason("tests/x.py", exclude=["tests/**"]) == ft.SKIP_EXCLUDED
+
+
+@pytest.mark.parametrize("url", ["file:///etc", "ext::sh -c id", "http://example.com/r.git",
+                                 "https://169.254.169.254/latest", "https://127.0.0.1/r.git",
+                                 "https://user:pw@example.com/r.git", "/etc", "git@localhost:x/y.git"])
+def test_refused_clone_urls(url: str) -> None:
+    with pytest.raises(InvalidRepoUrl):
+        validate_repo_url(url)
+
+
+def test_allowlist_and_local_paths(tmp_path) -> None:
+    assert validate_repo_url("https://127.0.0.1/r.git", host_allowlist=["127.0.0.1"])
+    (tmp_path / ".git").mkdir()
+    assert validate_repo_url(str(tmp_path), allow_local=True) == str(tmp_path)
+    with pytest.raises(InvalidRepoUrl):
+        validate_repo_url(str(tmp_path / "nope"), allow_local=True)
+
+
+def test_normalise_repo_equivalences() -> None:
+    a = normalise_repo("https://GitHub.com/Org/Repo.git")
+    assert a == normalise_repo("git@github.com:Org/Repo.git") == normalise_repo("ssh://git@github.com/Org/Repo/")
+
+
+def _key(contexts: list[str] | None) -> ApiKey:
+    return ApiKey(id="k", agent_name="Agent", context_ids=contexts, key_hash="h")
+
+
+def test_scope_resolution_never_leaves_the_agent() -> None:
+    assert resolve_scope(_key(["c1"]), None, False).context_ids == ("c1",)
+    assert resolve_scope(_key(["c1", "c2"]), "c2", False).context_ids == ("c2",)
+    assert resolve_scope(_key(["c1", "c2"]), None, True).context_ids == ("c1", "c2")
+    s = resolve_scope(_key(None), None, True)
+    assert s.agent_name == "Agent" and s.context_ids is None
+    with pytest.raises(ScopeDenied):
+        resolve_scope(_key(["c1"]), "c9", False)
+    with pytest.raises(ScopeMissing):
+        resolve_scope(_key(["c1", "c2"]), None, False)
+    assert s.clauses()[0] == {"term": {"agent_name": "Agent"}}
+
+
+def test_keys_are_random_and_hashed() -> None:
+    k1, h1 = new_key()
+    k2, _ = new_key()
+    assert k1 != k2 and h1 == hash_key(k1) and k1 not in h1 and len(k1) > 40
