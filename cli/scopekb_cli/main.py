@@ -21,7 +21,7 @@ from scopekb.runtime import Runtime, build_runtime
 from scopekb.search import render_text, run_search
 from scopekb.settings import get_settings
 from scopekb.sources import validate_repo_url
-from scopekb.stores.opensearch import ScopeFilter
+from scopekb.stores.base import ScopeFilter
 
 app = typer.Typer(help="scopekb: push-driven, scoped code and document search for AI agents.",
                   no_args_is_help=True, pretty_exceptions_enable=False)

@@ -15,7 +15,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from scopekb.models import utcnow
-from scopekb.stores.opensearch import ScopeFilter
+from scopekb.stores.base import ScopeFilter
 
 KEY_PREFIX = "skb_"
 

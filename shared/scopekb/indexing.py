@@ -32,7 +32,7 @@ from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Change, Mirror, TreeEntr
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobState, Source, utcnow
 from scopekb.settings import Settings
-from scopekb.stores.opensearch import OpenSearchChunkStore
+from scopekb.stores.base import ChunkStore
 from scopekb.stores.records import RecordStore
 
 log = get_logger(__name__)
@@ -51,7 +51,7 @@ class SyncDeps:
 
     settings: Settings
     records: RecordStore
-    chunks: OpenSearchChunkStore
+    chunks: ChunkStore
     blobs: BlobStore
 
 

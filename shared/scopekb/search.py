@@ -13,7 +13,7 @@ from scopekb import fields as F
 from scopekb import scoring
 from scopekb.models import SearchHit, SearchMode, SearchRequest, SearchResponse
 from scopekb.settings import QuerySettings
-from scopekb.stores.opensearch import OpenSearchChunkStore, ScopeFilter, filter_clauses
+from scopekb.stores.base import ChunkStore, ScopeFilter, SearchFilter
 
 #: Turns a query text into a vector, or None in keyword-only mode.
 QueryEmbedder = Callable[[str], Sequence[float]]
@@ -23,7 +23,7 @@ class SearchUnavailable(ValueError):
     """The requested mode cannot run here (e.g. vector search without an embedding model)."""
 
 
-def run_search(store: OpenSearchChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: QuerySettings,
+def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: QuerySettings,
                embed: QueryEmbedder | None = None) -> SearchResponse:
     """Run ``req`` within ``scope`` and return hits with scores in [0, 1], best first.
 
@@ -35,8 +35,8 @@ def run_search(store: OpenSearchChunkStore, req: SearchRequest, scope: ScopeFilt
     """
     t0 = time.perf_counter()
     size = min(req.max_results, cfg.max_results_cap)
-    flt = filter_clauses(scope, source_id=req.source_id, repo=req.repo, ref=req.ref,
-                         languages=req.languages, file_patterns=req.file_patterns)
+    flt = SearchFilter(scope=scope, source_id=req.source_id, repo=req.repo, ref=req.ref,
+                       languages=tuple(req.languages), file_patterns=tuple(req.file_patterns))
     depth = max(size * cfg.candidate_factor, size)
     docs: dict[str, dict[str, Any]] = {}
     if req.mode == SearchMode.keyword:

@@ -8,7 +8,6 @@ import sys
 import uuid
 
 import pytest
-
 from scopekb import queue
 from scopekb.settings import Settings
 

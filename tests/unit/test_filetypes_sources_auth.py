@@ -5,10 +5,10 @@ from __future__ import annotations
 import codecs
 
 import pytest
-
 from scopekb import filetypes as ft
 from scopekb.auth import ApiKey, ScopeDenied, ScopeMissing, hash_key, new_key, resolve_scope
 from scopekb.sources import InvalidRepoUrl, normalise_repo, validate_repo_url
+from scopekb.stores.opensearch import scope_clauses
 
 
 def test_decode_variants() -> None:
@@ -75,7 +75,7 @@ def test_scope_resolution_never_leaves_the_agent() -> None:
         resolve_scope(_key(["c1"]), "c9", False)
     with pytest.raises(ScopeMissing):
         resolve_scope(_key(["c1", "c2"]), None, False)
-    assert s.clauses()[0] == {"term": {"agent_name": "Agent"}}
+    assert scope_clauses(s)[0] == {"term": {"agent_name": "Agent"}}
 
 
 def test_keys_are_random_and_hashed() -> None:

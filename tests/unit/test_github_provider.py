@@ -6,7 +6,6 @@ import json
 from urllib.parse import quote
 
 import pytest
-
 from scopekb_ingester.providers import (
     BadRequest,
     github_signature,

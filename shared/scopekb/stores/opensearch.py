@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from opensearchpy import OpenSearch, helpers
@@ -17,39 +16,13 @@ from opensearchpy.exceptions import NotFoundError, RequestError, TransportError
 from scopekb import fields as F
 from scopekb.logging import get_logger
 from scopekb.settings import OpenSearchSettings
+from scopekb.stores.base import BulkReport, RawHit, ScopeFilter, SearchFilter
 
 log = get_logger(__name__)
 
 
 class IndexVersionMismatch(RuntimeError):
     """The live index behind the alias was built for another mapping version or embedding dimension."""
-
-
-@dataclass(frozen=True)
-class ScopeFilter:
-    """The scope a read may see: one agent and either some of its contexts or all of them.
-
-    ``context_ids=None`` means every context of ``agent_name`` (``cross_context``); it never widens to another
-    agent. An empty tuple matches nothing.
-    """
-
-    agent_name: str
-    context_ids: tuple[str, ...] | None
-
-    def clauses(self) -> list[dict[str, Any]]:
-        """OpenSearch ``filter`` clauses enforcing this scope."""
-        out: list[dict[str, Any]] = [{"term": {F.AGENT_NAME: self.agent_name}}]
-        if self.context_ids is not None:
-            out.append({"terms": {F.CONTEXT_ID: list(self.context_ids)}})
-        return out
-
-
-@dataclass
-class BulkReport:
-    """Outcome of a bulk write: ``written`` documents and per-item ``errors`` as (doc id, path, reason)."""
-
-    written: int = 0
-    errors: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def make_client(cfg: OpenSearchSettings) -> OpenSearch:
@@ -61,22 +34,28 @@ def make_client(cfg: OpenSearchSettings) -> OpenSearch:
                       max_retries=3, retry_on_timeout=True, http_compress=False)
 
 
-def filter_clauses(scope: ScopeFilter, *, source_id: str | None = None, repo: str | None = None,
-                   ref: str | None = None, languages: Sequence[str] = (),
-                   file_patterns: Sequence[str] = ()) -> list[dict[str, Any]]:
+def scope_clauses(scope: ScopeFilter) -> list[dict[str, Any]]:
+    """OpenSearch ``filter`` clauses enforcing a scope: the agent always, the contexts unless cross-context."""
+    out: list[dict[str, Any]] = [{"term": {F.AGENT_NAME: scope.agent_name}}]
+    if scope.context_ids is not None:
+        out.append({"terms": {F.CONTEXT_ID: list(scope.context_ids)}})
+    return out
+
+
+def filter_clauses(flt: SearchFilter) -> list[dict[str, Any]]:
     """All filters of a search: the scope (always) plus optional provenance, language and path globs."""
-    out = scope.clauses()
-    if source_id:
-        out.append({"term": {F.SOURCE_ID: source_id}})
-    if repo:
-        out.append({"term": {F.REPO: repo}})
-    if ref:
-        out.append({"term": {F.REF: ref.removeprefix("refs/heads/")}})
-    if languages:
-        out.append({"terms": {F.LANGUAGE: list(languages)}})
-    if file_patterns:
+    out = scope_clauses(flt.scope)
+    if flt.source_id:
+        out.append({"term": {F.SOURCE_ID: flt.source_id}})
+    if flt.repo:
+        out.append({"term": {F.REPO: flt.repo}})
+    if flt.ref:
+        out.append({"term": {F.REF: flt.ref.removeprefix("refs/heads/")}})
+    if flt.languages:
+        out.append({"terms": {F.LANGUAGE: list(flt.languages)}})
+    if flt.file_patterns:
         out.append({"bool": {"should": [{"wildcard": {F.PATH: {"value": _glob_to_wildcard(p)}}}
-                                        for p in file_patterns], "minimum_should_match": 1}})
+                                        for p in flt.file_patterns], "minimum_should_match": 1}})
     return out
 
 
@@ -293,15 +272,14 @@ class OpenSearchChunkStore:
         return {"documents": int(res["aggregations"]["docs"]["value"]),
                 "chunks": int(res["hits"]["total"]["value"])}
 
-    def keyword_search(self, query: str, filters: list[dict[str, Any]], size: int,
-                       offset: int = 0) -> list[tuple[str, float, dict[str, Any]]]:
+    def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0) -> list[RawHit]:
         """BM25 over symbol^5, signature^3, content and path, within ``filters``.
 
         Returns ``(doc id, raw BM25 score, _source)`` best first; ties are broken by ``_id`` so pages are stable.
         """
         body = {
             "size": size, "from": offset,
-            "query": {"bool": {"filter": filters, "must": [{"multi_match": {
+            "query": {"bool": {"filter": filter_clauses(flt), "must": [{"multi_match": {
                 "query": query, "fields": F.KEYWORD_FIELDS, "type": "best_fields", "tie_breaker": 0.3}}]}},
             "sort": [{"_score": "desc"}, {F.CONTENT_SHA: "asc"}, {F.CHUNK_INDEX: "asc"}],
             "track_scores": True,
@@ -313,14 +291,13 @@ class OpenSearchChunkStore:
             return []
         return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]
 
-    def vector_search(self, vector: Sequence[float], filters: list[dict[str, Any]], k: int
-                      ) -> list[tuple[str, float, dict[str, Any]]]:
+    def vector_search(self, vector: Sequence[float], flt: SearchFilter, k: int) -> list[RawHit]:
         """kNN (lucene hnsw, cosinesimil) with the filters inside the ``knn`` clause, so k hits come back when
         k matching chunks exist. Scores are the plugin's ``(1 + cos) / 2`` in [0, 1]."""
         if not self.dimension:
             return []
         body = {"size": k, "query": {"knn": {F.EMBEDDING: {
-            "vector": list(vector), "k": k, "filter": {"bool": {"filter": filters}}}}},
+            "vector": list(vector), "k": k, "filter": {"bool": {"filter": filter_clauses(flt)}}}}},
             "_source": {"excludes": [F.EMBEDDING]}}
         try:
             res = self.client.search(index=self.alias, body=body)
