@@ -10,7 +10,7 @@ from scopekb.blobs import S3BlobStore
 from scopekb.indexing import SyncDeps
 from scopekb.settings import Settings
 from scopekb.stores.opensearch import OpenSearchChunkStore, make_client
-from scopekb.stores.records import RecordStore
+from scopekb.stores.records import OpenSearchRecordStore, RecordStore
 
 
 @dataclass
@@ -33,7 +33,7 @@ def build_runtime(settings: Settings) -> Runtime:
     chunks = OpenSearchChunkStore(client, alias=os_cfg.alias, dimension=None, model=None,
                                   shards=os_cfg.shards, replicas=os_cfg.replicas,
                                   bulk_max_bytes=os_cfg.bulk_max_bytes)
-    return Runtime(settings=settings, records=RecordStore(client, os_cfg.system_prefix), chunks=chunks,
+    return Runtime(settings=settings, records=OpenSearchRecordStore(client, os_cfg.system_prefix), chunks=chunks,
                    blobs=S3BlobStore(settings.s3))
 
 
