@@ -270,8 +270,7 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
                         plan.source.agent_name, plan.source.context_id, plan.source.id, path,
                         keep_ids=keep.get((plan.source.id, path), []))
         done += len(batch)
-        deps.records.put(  # progress, without waiting for a refresh
-            "jobs", job.id, job.model_dump(mode="json"), wait=False)
+        deps.records.put_job(job)  # progress
         if progress:
             progress("index", done, len(all_paths))
     return failed

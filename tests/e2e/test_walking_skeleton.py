@@ -191,6 +191,11 @@ def test_bad_webhooks_are_refused_and_enqueue_nothing(stack: Stack, click_repo: 
     assert post(unknown, **{"X-Hub-Signature-256": github_signature(SECRET, unknown)}).status_code == 404
     for bad in (b"{not json", b"[]", b"", json.dumps({"repository": "x"}).encode()):
         assert post(bad, **{"X-Hub-Signature-256": github_signature(SECRET, bad)}).status_code == 400
+    for ref in ("refs/tags/v1", "refs/heads/other"):  # tags and untracked branches: acknowledged, ignored
+        ign = json.dumps({"ref": ref, "before": ZERO, "after": c1,
+                          "repository": {"full_name": "pallets/click-bad"}}).encode()
+        r = post(ign, **{"X-Hub-Signature-256": github_signature(SECRET, ign)})
+        assert r.status_code == 202 and r.json()["status"] == "ignored"
     ping = json.dumps({"zen": "hi", "repository": {"full_name": "pallets/click-bad"}}).encode()
     r = httpx.post(url, content=ping, headers={"X-GitHub-Event": "ping", "X-GitHub-Delivery": "p1",
                                                "X-Hub-Signature-256": github_signature(SECRET, ping)})

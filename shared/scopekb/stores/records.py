@@ -67,7 +67,8 @@ class RecordStore:
         return [Source.model_validate(d) for d in self.find("sources", sort="created_at", **terms)]
 
     def put_job(self, job: Job) -> None:
-        self.put("jobs", job.id, job.model_dump(mode="json"))
+        """Store a job record. Reads by id are real-time, so this does not wait for a refresh."""
+        self.put("jobs", job.id, job.model_dump(mode="json"), wait=False)
 
     def get_job(self, job_id: str) -> Job | None:
         d = self.get("jobs", job_id)
@@ -85,7 +86,7 @@ class RecordStore:
     def set_indexed_commit(self, source_id: str, commit: str | None, when: datetime | None = None) -> None:
         """Advance a source's sync state; call only after every batch of the sync succeeded."""
         self.put("state", source_id, {"source_id": source_id, "commit": commit,
-                                      "indexed_at": (when or utcnow()).isoformat()})
+                                      "indexed_at": (when or utcnow()).isoformat()}, wait=False)
 
 
 class OpenSearchRecordStore(RecordStore):
