@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -63,12 +64,42 @@ class GitSettings(BaseModel):
 
 
 class ChunkingSettings(BaseModel):
-    """Line-window chunking: the fallback for files without a syntax-aware chunker."""
+    """How documents are cut into chunks (DESIGN §4.5; issue #6).
 
+    Code with a tree-sitter grammar is cut into definitions, markdown by headings, notebooks by cell, anything
+    else into line windows with overlap. Sizes are in tokens of the embedder's tokenizer (see
+    :mod:`scopekb.chunking.tokens`); without one, a conservative character-class estimate is used.
+    """
+
+    #: Line windows: at most this many lines per window (plain text, fallbacks, code between definitions).
     window_lines: int = 60
+    #: Lines shared by consecutive windows of plain line chunking; must be smaller than ``window_lines``.
     overlap_lines: int = 10
     #: Upper bound of one chunk in characters: keeps a minified line from becoming one huge chunk.
     max_chars: int = 6000
+    #: Target chunk size in tokens, special tokens included. The effective bound is the smaller of this and the
+    #: token counter's model input limit (all-MiniLM-L6-v2 reads 256 word pieces: its sentence_bert_config.json).
+    #: In keyword-only mode (no embedder) this is the configurable chunk size of the estimate.
+    max_tokens: int = 256
+    #: Characters per token for the fallback estimate (letter/digit runs; every other visible character counts
+    #: as one token). 2.5 over-counts the MiniLM word pieces on ordinary code and prose.
+    estimate_chars_per_token: float = 2.5
+    #: Prefix the text sent to the embedder with path, language and symbol context (``embedding_text``).
+    embed_context: bool = True
+    #: Tokens kept free inside the model limit for that prefix (only when ``embed_context`` is on).
+    context_reserve_tokens: int = 32
+    #: Syntax-aware chunking with tree-sitter where a grammar is installed; off means line windows for code.
+    syntax: bool = True
+    #: Files larger than this (UTF-8 bytes) are not parsed; they get line windows (bounded parse memory/time).
+    syntax_max_bytes: int = 1024 * 1024
+    #: Wall-clock bound of one parse in seconds; a parse that runs longer is cancelled -> line windows.
+    parse_timeout_s: float = 5.0
+    #: ``lines``: a file whose syntax tree has errors is line-chunked (issue #6); ``partial``: definitions
+    #: without errors are still used and only the broken regions become line chunks.
+    on_syntax_error: Literal["lines", "partial"] = "lines"
+    #: A single line over ``max_chars``: ``split`` into pieces (each a sub-slice of that line), or ``skip`` it
+    #: with reason ``line_too_long`` in the chunking report.
+    long_lines: Literal["split", "skip"] = "split"
 
     @model_validator(mode="after")
     def _overlap_smaller_than_window(self) -> ChunkingSettings:
@@ -79,6 +110,16 @@ class ChunkingSettings(BaseModel):
                 f"chunking.overlap_lines ({self.overlap_lines}) must be >= 0 and smaller than "
                 f"chunking.window_lines ({self.window_lines})"
             )
+        if self.max_chars < 16:
+            raise ValueError("chunking.max_chars must be >= 16")
+        if self.max_tokens < 16:
+            raise ValueError("chunking.max_tokens must be >= 16")
+        if not 0 <= self.context_reserve_tokens <= self.max_tokens // 2:
+            raise ValueError("chunking.context_reserve_tokens must be between 0 and half of chunking.max_tokens")
+        if self.estimate_chars_per_token <= 0:
+            raise ValueError("chunking.estimate_chars_per_token must be > 0")
+        if self.parse_timeout_s <= 0 or self.syntax_max_bytes < 0:
+            raise ValueError("chunking.parse_timeout_s must be > 0 and chunking.syntax_max_bytes >= 0")
         return self
 
 

@@ -1,65 +1,30 @@
-"""Line-window chunking with overlap: the fallback for any text."""
+"""Line-window chunking with overlap: the fallback for any text (the windows live in
+:meth:`scopekb.chunking.core.Doc.windows`; this module keeps the small stand-alone helper)."""
 
 from __future__ import annotations
 
+from scopekb.chunking.core import Doc, Piece
+from scopekb.chunking.tokens import EstimateCounter, TokenCounter
 from scopekb.models import Chunk
+from scopekb.settings import ChunkingSettings
 
 
-def chunk_lines(text: str, window: int, overlap: int, max_chars: int = 6000) -> list[Chunk]:
-    """Cut ``text`` into windows of ``window`` lines that overlap by ``overlap`` lines.
+def chunk_lines(text: str, window: int, overlap: int, max_chars: int = 6000,
+                counter: TokenCounter | None = None, max_tokens: int = 1 << 30) -> list[Chunk]:
+    """Cut ``text`` into windows of up to ``window`` lines that overlap by up to ``overlap`` lines.
 
     Windows are trimmed of leading and trailing blank lines and all-blank windows are dropped, so every
-    non-blank line is in at least one chunk. A window longer than ``max_chars`` is split further at line
-    boundaries, and a single line longer than ``max_chars`` (minified code, base64) into pieces of that size.
+    non-blank line is in at least one chunk. A window is also cut short at ``max_chars`` characters and at
+    ``max_tokens`` tokens of ``counter`` (default: no token bound); a single line longer than that is split into
+    pieces (``metadata["col_start"]``/``["col_end"]``). Chunks are numbered 0.. in order.
 
     Raises:
-        ValueError: ``overlap`` is not smaller than ``window``.
+        ValueError: ``overlap`` is not smaller than ``window``, or ``window`` < 1.
     """
     if window < 1 or not 0 <= overlap < window:
         raise ValueError(f"overlap ({overlap}) must be >= 0 and smaller than window ({window})")
-    lines = text.split("\n")
-    n = len(lines)
-    step = window - overlap
-    out: list[Chunk] = []
-    start = 0
-    while start < n:
-        end = min(n, start + window)  # exclusive
-        s, e = start, end
-        while s < e and not lines[s].strip():
-            s += 1
-        while e > s and not lines[e - 1].strip():
-            e -= 1
-        if s < e:
-            out.extend(_bounded(lines, s, e, max_chars))
-        if end >= n:
-            break
-        start += step
-    return out
-
-
-def _bounded(lines: list[str], s: int, e: int, max_chars: int) -> list[Chunk]:
-    """Chunks for lines[s:e] (0-based, exclusive end) each at most ``max_chars`` characters."""
-    out: list[Chunk] = []
-    buf: list[str] = []
-    buf_start = s
-    size = 0
-    for i in range(s, e):
-        line = lines[i]
-        if len(line) > max_chars:
-            if buf:
-                out.append(Chunk("\n".join(buf), buf_start + 1, i))
-                buf, size = [], 0
-            for k in range(0, len(line), max_chars):
-                out.append(Chunk(line[k:k + max_chars], i + 1, i + 1))
-            buf_start = i + 1
-            continue
-        if buf and size + len(line) + 1 > max_chars:
-            out.append(Chunk("\n".join(buf), buf_start + 1, i))
-            buf, size, buf_start = [], 0, i
-        if not buf:
-            buf_start = i
-        buf.append(line)
-        size += len(line) + 1
-    if buf and any(x.strip() for x in buf):
-        out.append(Chunk("\n".join(buf), buf_start + 1, e))
-    return out
+    limit = max(16, max_tokens)
+    cfg = ChunkingSettings(window_lines=window, overlap_lines=overlap, max_chars=max(16, max_chars),
+                           max_tokens=limit, embed_context=False)
+    doc = Doc(text, cfg, counter if counter is not None else EstimateCounter(limit))
+    return doc.to_chunks(doc.windows(0, doc.n - 1, Piece(0, 0)))
