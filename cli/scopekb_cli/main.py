@@ -28,7 +28,9 @@ app = typer.Typer(help="scopekb: push-driven, scoped code and document search fo
 source_app = typer.Typer(help="Register, list and remove sources.", no_args_is_help=True)
 key_app = typer.Typer(help="Create, list and revoke agent API keys.", no_args_is_help=True)
 app.add_typer(source_app, name="source")
+dl_app = typer.Typer(help="List and replay dead-lettered tasks.", no_args_is_help=True)
 app.add_typer(key_app, name="key")
+app.add_typer(dl_app, name="deadletters")
 out = Console()
 err = Console(stderr=True)
 
@@ -162,6 +164,36 @@ def key_revoke(key_id: str) -> None:
     d["revoked_at"] = utcnow().isoformat()
     rt.records.put("keys", key_id, d)
     out.print(f"revoked {key_id}")
+
+
+@dl_app.command("list")
+def dl_list(include_replayed: bool = False) -> None:
+    """Tasks parked after failing worker.max_retries times."""
+    from scopekb.deadletters import list_dead_letters
+
+    t = Table("id", "task", "attempts", "error", "created", "replayed")
+    for d in list_dead_letters(_rt().records, include_replayed):
+        t.add_row(d.id, d.task, str(d.attempts), d.error[:80], str(d.created_at), str(d.replayed_at or ""))
+    out.print(t)
+
+
+@dl_app.command("replay")
+def dl_replay(dl_id: Annotated[str | None, typer.Argument()] = None,
+              all_: Annotated[bool, typer.Option("--all")] = False) -> None:
+    """Replay one dead letter (by id) or --all."""
+    from scopekb import queue
+    from scopekb.deadletters import list_dead_letters, replay
+
+    rt = _rt()
+    celery = queue.make_celery(get_settings(), name="scopekb-cli")
+    ids = [d.id for d in list_dead_letters(rt.records)] if all_ else [dl_id] if dl_id else []
+    if not ids:
+        raise CliError("name a dead letter id or pass --all")
+    for i in ids:
+        try:
+            out.print(f"{i} -> job {replay(rt.records, celery, i)}")
+        except KeyError:
+            raise CliError(f"no dead letter {i!r}") from None
 
 
 @app.command()

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 from pydantic import BaseModel, Field
 from scopekb import queue
 from scopekb.auth import ApiKey, AuthError, hash_key, new_key, resolve_scope, tokens_equal
+from scopekb.deadletters import list_dead_letters, replay
 from scopekb.logging import configure_logging, get_logger
 from scopekb.models import Job, SearchRequest, SearchResponse, Source, SourceCreate, utcnow
 from scopekb.runtime import build_runtime, redis_client
@@ -250,6 +251,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/v1/jobs", dependencies=[Depends(admin_only)])
     def list_jobs(source_id: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         return [j.model_dump(mode="json") for j in rt.records.list_jobs(source_id, size=min(max(limit, 1), 200))]
+
+    @app.get("/v1/deadletters", dependencies=[Depends(admin_only)])
+    def dead_letters(include_replayed: bool = False) -> list[dict[str, Any]]:
+        """Tasks parked after failing ``worker.max_retries`` times."""
+        return [d.model_dump(mode="json") for d in list_dead_letters(rt.records, include_replayed)]
+
+    @app.post("/v1/deadletters/{dl_id}/replay", status_code=202, dependencies=[Depends(admin_only)])
+    def replay_dead_letter(dl_id: str) -> dict[str, Any]:
+        """Enqueue a parked task again; returns the new job id."""
+        try:
+            return {"status": "queued", "job_id": replay(rt.records, celery, dl_id)}
+        except KeyError:
+            raise HTTPException(404, "dead letter not found") from None
+
+    @app.post("/v1/deadletters/replay", status_code=202, dependencies=[Depends(admin_only)])
+    def replay_all() -> dict[str, Any]:
+        """Replay every parked task that was not replayed yet."""
+        return {"status": "queued", "job_ids": [replay(rt.records, celery, d.id)
+                                                for d in list_dead_letters(rt.records)]}
 
     @app.get("/v1/status", dependencies=[Depends(admin_only)])
     def status() -> dict[str, Any]:

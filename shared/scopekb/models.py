@@ -211,3 +211,15 @@ class Job(BaseModel):
     @property
     def finished(self) -> bool:
         return self.state in (JobState.done, JobState.partial, JobState.failed)
+
+
+class DeadLetter(BaseModel):
+    """A task parked after failing ``worker.max_retries`` times, with what is needed to replay it."""
+
+    id: str
+    task: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    error: str
+    attempts: int
+    created_at: datetime = Field(default_factory=utcnow)
+    replayed_at: datetime | None = None

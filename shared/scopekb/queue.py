@@ -15,6 +15,7 @@ from scopekb.settings import Settings
 
 TASK_SYNC_SOURCES = "scopekb.sync_sources"
 TASK_PING = "scopekb.ping"
+TASK_RECONCILE = "scopekb.reconcile"
 
 DEDUPE_KEY = "scopekb:delivery:{provider}:{delivery_id}"
 LOCK_KEY = "scopekb:lock:repo:{repo_hash}"
@@ -34,7 +35,10 @@ def make_celery(settings: Settings, name: str = "scopekb") -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_default_queue=w.queue,
-        task_routes={TASK_SYNC_SOURCES: {"queue": w.queue}, TASK_PING: {"queue": w.queue}},
+        task_routes={TASK_SYNC_SOURCES: {"queue": w.queue}, TASK_PING: {"queue": w.queue},
+                     TASK_RECONCILE: {"queue": w.queue}},
+        beat_schedule={"reconcile": {"task": TASK_RECONCILE, "schedule": float(w.reconcile_interval_s)}}
+        if w.reconcile_interval_s > 0 else {},
         task_soft_time_limit=w.task_soft_time_limit_s,
         task_time_limit=w.task_time_limit_s,
         broker_transport_options={"visibility_timeout": w.visibility_timeout_s},

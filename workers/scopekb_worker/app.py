@@ -8,6 +8,7 @@ push supersedes an older one and a lost delivery heals at the next push.
 from __future__ import annotations
 
 import os
+import time
 from functools import lru_cache
 from typing import Any
 
@@ -20,6 +21,7 @@ from scopekb import queue
 from scopekb.gitrepo import GitError
 from scopekb.indexing import SyncError, run_sync
 from scopekb.logging import bind_context, clear_context, configure_logging, get_logger
+from scopekb.models import DeadLetter, JobState
 from scopekb.runtime import Runtime, build_runtime, redis_client
 from scopekb.settings import get_settings
 
@@ -83,7 +85,46 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
         log.error("sync_refused", error=str(e))
         return {"id": job_id, "state": "failed", "errors": [str(e)]}
     except (GitError, OSConnectionError, TransportError, RedisError, OSError) as e:
+        if self.request.retries >= s.worker.max_retries:
+            _dead_letter(rt, self, job_id, e)
+            return {"id": job_id, "state": "failed", "errors": [str(e)], "dead_letter": True}
         delay = min(300, 5 * 2**self.request.retries)
         log.warning("sync_retry", error=str(e), retries=self.request.retries, countdown=delay)
         raise self.retry(exc=e, countdown=delay) from e
     return job.model_dump(mode="json")
+
+
+def _dead_letter(rt: Runtime, task: Task, job_id: str, exc: Exception) -> None:
+    """Park a task that failed ``max_retries`` times: its name, arguments and error, replayable later."""
+    rec = DeadLetter(id=task.request.id or job_id, task=task.name, kwargs=dict(task.request.kwargs or {}),
+                     error=f"{type(exc).__name__}: {exc}", attempts=task.request.retries + 1)
+    try:
+        rt.records.put("deadletters", rec.id, rec.model_dump(mode="json"))
+        job = rt.records.get_job(job_id)
+        if job is not None:
+            job.state = JobState.failed
+            job.errors.append(f"dead letter after {rec.attempts} attempts: {rec.error}")
+            rt.records.put_job(job)
+    except Exception as e:  # noqa: BLE001 - the store may be what is down; the log keeps the record
+        log.error("dead_letter_not_stored", error=str(e), task_kwargs=rec.kwargs)
+    log.error("task_dead_lettered", attempts=rec.attempts, error=rec.error)
+
+
+@app.task(name=queue.TASK_RECONCILE)
+def reconcile() -> dict[str, Any]:
+    """Enqueue a sync for every (repository, ref) with registered sources.
+
+    A sync of an up-to-date source is a fetch and nothing else, so this heals refs that moved without a
+    webhook (lost deliveries, hosts without webhooks) at the cost of one fetch per repository per period.
+    """
+    rt = runtime()
+    groups: dict[tuple[str, str], list[str]] = {}
+    for src in rt.records.list_sources():
+        groups.setdefault((src.repo_url, src.ref), []).append(src.id)
+    stamp = int(time.time())
+    for (url, ref), ids in groups.items():
+        job_id = f"reconcile-{queue.repo_hash(url + ref)}-{stamp}"
+        app.send_task(queue.TASK_SYNC_SOURCES, task_id=job_id,
+                      kwargs={"job_id": job_id, "source_ids": sorted(ids), "trigger": "reconcile"})
+    log.info("reconcile_enqueued", groups=len(groups))
+    return {"groups": len(groups)}

@@ -20,8 +20,9 @@ _KEYWORD_FIELDS: dict[str, list[str]] = {
     "jobs": ["id", "state", "source_ids", "repo", "ref", "trigger"],
     "state": ["source_id", "commit"],
     "keys": ["id", "agent_name", "key_hash", "context_ids", "role"],
+    "deadletters": ["id", "task"],
 }
-_DATE_FIELDS = {"created_at", "started_at", "finished_at", "indexed_at", "revoked_at"}
+_DATE_FIELDS = {"created_at", "started_at", "finished_at", "indexed_at", "revoked_at", "replayed_at"}
 
 
 class RecordStore:

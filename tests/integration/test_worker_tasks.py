@@ -1,0 +1,76 @@
+"""Worker task behaviour on real services: dead letters after exhausted retries, replay, reconcile."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from scopekb import queue
+from scopekb.deadletters import list_dead_letters, replay
+from scopekb.models import Source
+from scopekb.settings import get_settings
+
+
+@pytest.fixture()
+def worker_module(opensearch_url: str, redis_url: str, s3_config: dict, tmp_path, monkeypatch):
+    run = uuid.uuid4().hex[:8]
+    env = {"SCOPEKB_OPENSEARCH__URL": opensearch_url, "SCOPEKB_OPENSEARCH__ALIAS": f"it-w-{run}",
+           "SCOPEKB_OPENSEARCH__SYSTEM_PREFIX": f"it-w-{run}-sys", "SCOPEKB_REDIS__URL": redis_url,
+           "SCOPEKB_S3__ENDPOINT": s3_config["endpoint"], "SCOPEKB_S3__ACCESS_KEY": s3_config["access_key"],
+           "SCOPEKB_S3__SECRET_KEY": s3_config["secret_key"], "SCOPEKB_S3__BUCKET": f"it-w-{run}",
+           "SCOPEKB_WORKER__MAX_RETRIES": "0", "SCOPEKB_WORKER__QUEUE": f"it-w-{run}",
+           "SCOPEKB_GIT__CACHE_DIR": str(tmp_path / "git"), "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    get_settings.cache_clear()
+    import scopekb_worker.app as w
+
+    w.runtime.cache_clear()
+    w.app.conf.update(task_always_eager=False)
+    yield w
+    w.app.connection().default_channel.client.delete(w.app.conf.task_default_queue)
+    rt = w.runtime()
+    rt.records.client.indices.delete(index=f"it-w-{run}*", params={"expand_wildcards": "open"})
+    w.runtime.cache_clear()
+    get_settings.cache_clear()
+
+
+def test_exhausted_retries_park_a_dead_letter_that_can_be_replayed(worker_module, tmp_path) -> None:
+    w = worker_module
+    rt = w.runtime()
+    src = Source(id=Source.new_id(), agent_name="a", context_id="c", repo_url=str(tmp_path / "gone"), ref="main")
+    rt.records.put_source(src)  # the repository does not exist: every fetch fails
+    job_id = "dl-" + uuid.uuid4().hex[:8]
+    res = w.sync_sources.apply(kwargs={"job_id": job_id, "source_ids": [src.id]}, task_id=job_id).get()
+    assert res["state"] == "failed" and res["dead_letter"] is True
+    parked = list_dead_letters(rt.records)
+    assert [d.id for d in parked] == [job_id] and parked[0].kwargs["source_ids"] == [src.id]
+    assert "git fetch" in parked[0].error
+    job = rt.records.get_job(job_id)
+    assert job is not None and job.state.value == "failed" and any("dead letter" in e for e in job.errors)
+
+    client = queue.make_celery(get_settings(), name="it-replay")
+    new_job = replay(rt.records, client, job_id)
+    assert new_job.startswith(job_id + "-replay-")
+    assert list_dead_letters(rt.records) == []  # replayed ones are hidden by default
+    assert len(list_dead_letters(rt.records, include_replayed=True)) == 1
+    # The replayed task is on the broker under the new id.
+    r = w.app.connection().default_channel.client  # the Redis client of the broker connection
+    assert new_job in r.lindex(w.app.conf.task_default_queue, 0).decode()
+    assert r.llen(w.app.conf.task_default_queue) == 1
+
+
+def test_reconcile_enqueues_one_sync_per_repository_and_ref(worker_module, tmp_path) -> None:
+    w = worker_module
+    rt = w.runtime()
+    for agent in ("a", "b"):
+        rt.records.put_source(Source(id=Source.new_id(), agent_name=agent, context_id="c",
+                                     repo_url=str(tmp_path / "r1"), ref="main"))
+    rt.records.put_source(Source(id=Source.new_id(), agent_name="a", context_id="c",
+                                 repo_url=str(tmp_path / "r1"), ref="dev"))
+    rt.records.client.indices.refresh(index=rt.records.index_name("sources"))
+    r = w.app.connection().default_channel.client
+    r.delete(w.app.conf.task_default_queue)
+    assert w.reconcile.apply().get() == {"groups": 2}
+    assert r.llen(w.app.conf.task_default_queue) == 2
