@@ -41,13 +41,16 @@ OPENSEARCH_IMAGE = os.environ.get("SCOPEKB_TEST_OPENSEARCH_IMAGE", "opensearchpr
 REDIS_IMAGE = os.environ.get("SCOPEKB_TEST_REDIS_IMAGE", "redis:7.0")
 SEAWEEDFS_IMAGE = os.environ.get("SCOPEKB_TEST_SEAWEEDFS_IMAGE", "chrislusf/seaweedfs:4.48")
 
-_INTEGRATION_DIR = Path(__file__).resolve().parent
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test under tests/integration is an integration test (`-m "not integration"` skips them)."""
+    """Every test under a tests/integration folder is an integration test (`-m "not integration"` skips
+    them). Decided by path, not by this file's location, so the hook is right wherever it is loaded from."""
+    root = Path(str(config.rootpath)).resolve()
     for item in items:
-        if _INTEGRATION_DIR in Path(str(item.path)).resolve().parents:
+        try:
+            parts = Path(str(item.path)).resolve().relative_to(root).parts
+        except ValueError:
+            parts = Path(str(item.path)).parts
+        if "integration" in parts[:-1]:
             item.add_marker(pytest.mark.integration)
 
 
