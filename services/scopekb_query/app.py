@@ -5,9 +5,12 @@ admin token (``SCOPEKB_QUERY__ADMIN_TOKEN``) manages sources and keys. OpenAPI a
 """
 
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -16,6 +19,7 @@ from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import TransportError
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from pydantic import BaseModel, Field
+
 from scopekb import queue
 from scopekb.auth import ApiKey, AuthError, hash_key, new_key, resolve_scope, tokens_equal
 from scopekb.deadletters import list_dead_letters, replay
@@ -54,8 +58,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     rt = build_runtime(settings)
     celery = queue.make_celery(settings, name="scopekb-query")
     key_cache: dict[str, tuple[float, ApiKey | None]] = {}
-    app = FastAPI(title="scopekb query", version="0.1.0",
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            rt.chunks.ensure_index()
+        except Exception as e:  # noqa: BLE001 - readiness reports it; the process still serves health
+            log.error("ensure_index_failed", error=str(e))
+        async with contextlib.AsyncExitStack() as stack:
+            for ctx in app.state.lifespan_contexts:
+                await stack.enter_async_context(ctx())
+            yield
+
+    app = FastAPI(title="scopekb query", version="0.1.0", lifespan=lifespan,
                   description="Scoped BM25 / kNN / hybrid search over code and documents for AI agents.")
+    #: Extra async context managers run for the app's lifetime (e.g. the MCP session manager).
+    app.state.lifespan_contexts = []
+
+    @app.middleware("http")
+    async def _metrics(request: Request, call_next: Any) -> Any:
+        t0 = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        mode = request.scope.get("scopekb_mode", "-")
+        LATENCY.labels(path, mode).observe(time.perf_counter() - t0)
+        REQUESTS.labels(path, mode, str(response.status_code)).inc()
+        return response
 
     @app.exception_handler(OSConnectionError)
     async def _os_down(_: Request, exc: Exception) -> JSONResponse:
@@ -105,7 +133,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """OpenSearch and Redis reachable."""
         checks: dict[str, str] = {}
         try:
-            rt.chunks.client.cluster.health(timeout="2s")
+            rt.chunks.client.cluster.health(params={"request_timeout": 2})
             checks["opensearch"] = "ok"
         except Exception as e:  # noqa: BLE001 - any failure means not ready; reported as text
             checks["opensearch"] = f"error: {type(e).__name__}"
@@ -124,21 +152,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # ---- search ------------------------------------------------------------------------------------------
 
     @app.post("/v1/search", response_model=SearchResponse)
-    def search(req: SearchRequest, c: Annotated[Caller, Depends(caller)], format: str = "json") -> Any:
+    def search(req: SearchRequest, request: Request, c: Annotated[Caller, Depends(caller)],
+               format: str = "json") -> Any:
         """Search within the caller's scope. ``?format=text`` returns the agent text rendering."""
-        t0 = time.perf_counter()
+        request.scope["scopekb_mode"] = req.mode.value
         if c.key is None:
             raise HTTPException(403, "searches need an agent key, not the admin token")
         try:
             scope = resolve_scope(c.key, req.context_id, req.cross_context)
             resp = run_search(rt.chunks, req, scope, settings.query)
         except AuthError as e:
-            REQUESTS.labels("search", req.mode.value, str(e.status)).inc()
             raise HTTPException(e.status, str(e)) from None
         except SearchUnavailable as e:
             raise HTTPException(400, str(e)) from None
-        LATENCY.labels("search", req.mode.value).observe(time.perf_counter() - t0)
-        REQUESTS.labels("search", req.mode.value, "200").inc()
         if format == "text":
             return PlainTextResponse(render_text(resp))
         return resp
@@ -277,12 +303,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         sources = rt.records.list_sources()
         return {"index": rt.chunks.live_index(), "chunks": rt.chunks.count(),
                 "sources": [{**s.public(), **_source_status(s)} for s in sources]}
-
-    @app.on_event("startup")
-    def _startup() -> None:
-        try:
-            rt.chunks.ensure_index()
-        except Exception as e:  # noqa: BLE001 - readiness reports it; the process still serves health
-            log.error("ensure_index_failed", error=str(e))
 
     return app

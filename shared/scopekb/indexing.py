@@ -105,6 +105,8 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
         deps.records.put_job(job)
         log.error("sync_failed", job_id=job.id, error=str(e))
         raise
+    if job.chunks_written or job.chunks_deleted:
+        deps.chunks.refresh()  # a finished job means its changes are searchable
     job.finished_at = utcnow()
     job.state = JobState.partial if job.errors else JobState.done
     deps.records.put_job(job)

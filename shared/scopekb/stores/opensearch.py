@@ -124,6 +124,7 @@ class OpenSearchChunkStore:
         except RequestError as e:
             if e.error != "resource_already_exists_exception":
                 raise
+        self.client.cluster.health(index=name, wait_for_status="yellow", params={"request_timeout": 35})
         try:
             self.client.indices.update_aliases(body={"actions": [{"add": {"index": name, "alias": self.alias}}]})
         except RequestError:

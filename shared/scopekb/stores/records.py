@@ -114,6 +114,9 @@ class OpenSearchRecordStore(RecordStore):
         except RequestError as e:
             if e.error != "resource_already_exists_exception":
                 raise
+        # Another process may have created it a moment ago: wait until its primary shard can answer.
+        self.client.cluster.health(index=self.index_name(kind), wait_for_status="yellow",
+                                   params={"request_timeout": 35})
         self._ensured.add(kind)
 
     def put(self, kind: str, rec_id: str, doc: dict[str, Any], wait: bool = True) -> None:
