@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 Vector = list[float]
 
@@ -69,9 +69,9 @@ class EmbedResult:
     requests: int = 0
 
 
-@runtime_checkable
 class Embedder(Protocol):
-    """A text embedding provider.
+    """A text embedding provider (a static protocol: not ``runtime_checkable``, because ``isinstance`` would read
+    ``dimension``, which may cost the openai provider a probe request).
 
     Attributes:
         model_id: stable id of the model and its output size, e.g. ``openai:text-embedding-3-small@512d``; keys
