@@ -121,7 +121,7 @@ def _chunk(path: str, text: str, language: str, cfg: ChunkingSettings, counter: 
            report: ChunkingReport) -> list[Chunk]:
     if language == "notebook" or path.lower().endswith(".ipynb"):
         def sub(cell_text: str, lang: str) -> tuple[list[Chunk], ChunkingReport]:
-            return chunk_with_report(path, cell_text, lang, cfg, counter)
+            return chunk_with_report(f"{path}#cell", cell_text, lang, cfg, counter)
 
         try:
             chunks = chunk_notebook(text, cfg, counter, sub)

@@ -23,7 +23,7 @@ MIN_BUDGET = 8
 #: Skip reason for a single line longer than ``max_chars`` under ``long_lines="skip"``.
 SKIP_LONG_LINE = "line_too_long"
 # Lines that only close a block ("}", "};", "end", ")", "]", "</div>") are merged into the piece before them.
-_CLOSER = re.compile(r"^\s*(?:[\]\)\}]+[;,]?|end|fi|done|esac|\*/|-->)?\s*(?://.*|#.*)?$")
+_CLOSER = re.compile(r"^\s*(?:[\]\)\}]+[;,]?|end|fi|done|esac|\*/|-->)\s*(?://.*|#.*)?$")
 # A soft place to cut a long line: after whitespace or a separator.
 _SOFT_CUT = re.compile(r"[\s,;\)\}\]>]")
 
@@ -240,8 +240,9 @@ class Doc:
             return []
         out: list[Piece] = []
         pos, n = 0, len(line)
+        guess = self.max_chars  # the last piece's length: the next one starts from it (one count per piece)
         while pos < n:
-            length = min(self.max_chars, n - pos)
+            length = min(self.max_chars, n - pos, guess + guess // 4 + 16)
             while True:
                 cut = length
                 if pos + length < n and length > 8:
@@ -258,6 +259,7 @@ class Doc:
                 length = max(1, min(cut - 1, int(cut * self.budget / c * 0.9)))
             if piece.strip():
                 out.append(tpl.like(r, r, (pos, pos + cut)))
+            guess = max(cut, 16)
             pos += cut
         return out
 

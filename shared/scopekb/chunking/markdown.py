@@ -37,6 +37,7 @@ class Section:
     title: str | None
     headings: list[str]
     heading_line: str | None
+    hrow: int = -1  #: row of the heading line (-1 for text before any heading)
 
 
 def scan(lines: list[str]) -> tuple[list[Section], list[bool]]:
@@ -95,7 +96,7 @@ def scan(lines: list[str]) -> tuple[list[Section], list[bool]]:
         while stack and stack[-1][0] >= level:
             stack.pop()
         stack.append((level, title))
-        sections.append(Section(s, e, level, title, [t for _, t in stack], lines[hrow].strip()))
+        sections.append(Section(s, e, level, title, [t for _, t in stack], lines[hrow].strip(), hrow))
     return sections, in_fence
 
 
@@ -111,10 +112,10 @@ def chunk_markdown(doc: Doc, cfg: Any) -> list[Piece]:
     for sec in sections:
         if merged:
             prev = merged[-1]
-            body_blank = all(doc.blank[r] for r in range(prev.s + 1, prev.e + 1))
+            body_blank = all(doc.blank[r] for r in range(prev.hrow + 1, prev.e + 1))
             if prev.level and body_blank and sec.level > prev.level:
                 merged.pop()
-                sec = Section(prev.s, sec.e, sec.level, sec.title, sec.headings, sec.heading_line)
+                sec = Section(prev.s, sec.e, sec.level, sec.title, sec.headings, sec.heading_line, sec.hrow)
         merged.append(sec)
     out: list[Piece] = []
     for sec in merged:

@@ -94,6 +94,7 @@ WRAPPERS: dict[str, str | None] = {
     "export_statement": "declaration",  # js/ts
     "template_declaration": None,  # c++
     "ambient_declaration": None,  # ts "declare ..."
+    "list": None,  # bash "f() { ...; } && complete -F f cmd"
 }
 #: nodes whose children are treated like the level they are on (namespaces, conditionals, extern "C")
 TRANSPARENT = frozenset({
@@ -409,6 +410,10 @@ class SyntaxChunker:
         b = self.body(d.inner)
         start = d.sig_node.start_byte
         end = b.start_byte if b is not None and b.start_byte > start else min(d.inner.end_byte, start + 1000)
+        for c in d.inner.children:  # a comment between header and body is not part of the signature
+            if start < c.start_byte < end and self.is_comment(c):
+                end = c.start_byte
+                break
         raw = self.data[start:end].decode("utf-8", errors="replace")
         if b is None:
             raw = raw.split("\n", 1)[0]
@@ -439,8 +444,8 @@ class SyntaxChunker:
             if s > e:
                 continue
             broken = self.partial and n.has_error
-            if self.is_comment(n):
-                item: tuple[str, Any] = ("comment", n)
+            if self.is_comment(n) or n.end_byte - n.start_byte <= 1:
+                item: tuple[str, Any] = ("comment", n)  # comments and stray ";" do not break a definition
             elif not broken and self.is_transparent(n):
                 item = ("ns", n)
             else:
