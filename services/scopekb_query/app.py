@@ -304,4 +304,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"index": rt.chunks.live_index(), "chunks": rt.chunks.count(),
                 "sources": [{**s.public(), **_source_status(s)} for s in sources]}
 
+    # ---- MCP (streamable HTTP at /mcp, same agent keys; shares the key cache so revocation applies at once) --
+    from scopekb_query.mcp_server import mount_mcp  # here, not at the top: mcp_server imports this module
+
+    mount_mcp(app, rt, settings, celery, key_cache)
     return app
