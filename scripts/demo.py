@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+
 from scopekb.realrepo import build_release_repo, git
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
 from scopekb.auth import ApiKey, new_key
 from scopekb.logging import configure_logging
 from scopekb.models import SearchMode, SearchRequest, Source, SourceCreate, utcnow
@@ -43,6 +44,13 @@ def _rt() -> Runtime:
     s = get_settings()
     configure_logging("console" if s.log_format == "auto" else s.log_format, "WARNING")
     return build_runtime(s)
+
+
+def _bump_sources() -> None:
+    from scopekb import queue
+    from scopekb.runtime import redis_client
+
+    queue.bump_sources_version(redis_client(get_settings()))
 
 
 @app.command()
@@ -103,6 +111,7 @@ def source_add(agent: Annotated[str, typer.Option("--agent", help="agent name")]
     src = Source(**{**body.model_dump(), "repo_url": url, "webhook_secret": body.webhook_secret},
                  id=Source.new_id())
     _rt().records.put_source(src)
+    _bump_sources()
     out.print(src.id)
 
 
@@ -128,6 +137,7 @@ def source_remove(source_id: str) -> None:
     n = rt.chunks.delete_source(source_id)
     rt.records.delete("state", source_id)
     rt.records.delete("sources", source_id)
+    _bump_sources()
     out.print(f"removed {source_id} ({n} chunks deleted)")
 
 
@@ -258,6 +268,7 @@ def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 1."""
     from opensearchpy.exceptions import ConnectionError as OSConnectionError
     from pydantic import ValidationError
+
     from scopekb.gitrepo import GitError
     from scopekb.indexing import SyncError
     from scopekb.sources import InvalidRepoUrl

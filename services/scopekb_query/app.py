@@ -181,6 +181,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         src = Source(**{**body.model_dump(), "repo_url": url, "webhook_secret": body.webhook_secret},
                      id=Source.new_id())
         rt.records.put_source(src)
+        queue.bump_sources_version(redis_client(settings))
         log.info("source_added", source_id=src.id, agent_name=src.agent_name, context_id=src.context_id)
         return src.public()
 
@@ -203,6 +204,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         deleted = rt.chunks.delete_source(source_id)
         rt.records.delete("state", source_id)
         rt.records.delete("sources", source_id)
+        queue.bump_sources_version(redis_client(settings))
         return {"deleted": True, "chunks_deleted": deleted}
 
     @app.post("/v1/sources/{source_id}/sync", status_code=202, dependencies=[Depends(admin_only)])

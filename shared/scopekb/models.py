@@ -58,6 +58,8 @@ class SourceCreate(BaseModel):
     repo_name: str | None = Field(
         default=None, description="the host's full name, e.g. 'owner/repo'; also matches webhook payloads")
     webhook_secret: SecretStr | None = None
+    webhook_secret_previous: SecretStr | None = Field(
+        default=None, description="still accepted while a secret rotation is rolled out to the host")
     include: list[str] = Field(default_factory=list, description="globs; empty means everything")
     exclude: list[str] = Field(default_factory=list)
 
@@ -95,9 +97,13 @@ class Source(SourceCreate):
     def scope(self) -> Scope:
         return Scope(agent_name=self.agent_name, context_id=self.context_id)
 
+    def secrets(self) -> list[str]:
+        """Webhook secrets currently accepted (current first, then the previous one during a rotation)."""
+        return [s.get_secret_value() for s in (self.webhook_secret, self.webhook_secret_previous) if s]
+
     def public(self) -> dict[str, Any]:
-        """JSON-able view without the secret."""
-        d = self.model_dump(mode="json", exclude={"webhook_secret"})
+        """JSON-able view without the secrets."""
+        d = self.model_dump(mode="json", exclude={"webhook_secret", "webhook_secret_previous"})
         d["has_webhook_secret"] = self.webhook_secret is not None
         return d
 

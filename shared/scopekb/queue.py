@@ -19,6 +19,8 @@ TASK_RECONCILE = "scopekb.reconcile"
 
 DEDUPE_KEY = "scopekb:delivery:{provider}:{delivery_id}"
 LOCK_KEY = "scopekb:lock:repo:{repo_hash}"
+#: Bumped on every source registration change so ingesters reload their in-memory source cache at once.
+SOURCES_VERSION_KEY = "scopekb:sources:version"
 
 
 def make_celery(settings: Settings, name: str = "scopekb") -> Celery:
@@ -68,3 +70,16 @@ def claim_delivery(client: redis.Redis, provider: str, delivery_id: str, ttl_s: 
 def release_delivery(client: redis.Redis, provider: str, delivery_id: str) -> None:
     """Forget a claimed delivery id (used when enqueueing failed, so the host's retry is not dropped)."""
     client.delete(DEDUPE_KEY.format(provider=provider, delivery_id=delivery_id))
+
+
+def bump_sources_version(client: redis.Redis) -> None:
+    """Tell every ingester that the registered sources changed (best effort: their TTL reload also heals)."""
+    try:
+        client.incr(SOURCES_VERSION_KEY)
+    except redis.RedisError:
+        pass
+
+
+def sources_version(client: redis.Redis) -> int:
+    """The current sources version (0 when never bumped)."""
+    return int(client.get(SOURCES_VERSION_KEY) or 0)

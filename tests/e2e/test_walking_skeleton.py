@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from scopekb.realrepo import build_release_repo, git
 from scopekb_ingester.providers import github_signature
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 
 import pytest
+
 from scopekb import filetypes as ft
 from scopekb.auth import ApiKey, ScopeDenied, ScopeMissing, hash_key, new_key, resolve_scope
 from scopekb.sources import InvalidRepoUrl, normalise_repo, validate_repo_url

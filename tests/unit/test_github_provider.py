@@ -6,9 +6,11 @@ import json
 from urllib.parse import quote
 
 import pytest
+
 from scopekb_ingester.providers import (
     BadRequest,
     github_signature,
+    parse_github,
     parse_github_body,
     parse_github_push,
     verify_github,
@@ -34,11 +36,11 @@ def test_verify_accepts_any_of_rotated_secrets_and_rejects_tampering() -> None:
 
 
 def test_json_and_form_bodies_with_unicode_escapes() -> None:
-    data = parse_github_body(BODY, "application/json")
-    push = parse_github_push(data)
-    assert push.branch == "main" and not push.deleted and push.repo_full_name == "o/ré"
+    parsed = parse_github("push", parse_github_body(BODY, "application/json"))
+    (push,) = parsed.pushes
+    assert push.branch == "main" and not push.deleted and parsed.repository.full_name == "o/ré"
     form = b"payload=" + quote(BODY.decode()).encode()
-    assert parse_github_push(parse_github_body(form, "application/x-www-form-urlencoded")) == push
+    assert parse_github("push", parse_github_body(form, "application/x-www-form-urlencoded")) == parsed
 
 
 @pytest.mark.parametrize("body", [b"", b"{", b"[1]", b"\xff\xfe", b"payload=%7B"])
@@ -54,7 +56,7 @@ def test_bad_push_fields(patch: dict) -> None:
     data = json.loads(BODY)
     data.update(patch)
     with pytest.raises(BadRequest):
-        parse_github_push(data)
+        parse_github("push", data)
 
 
 def test_tag_and_branch_deletion() -> None:

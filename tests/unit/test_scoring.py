@@ -6,6 +6,7 @@ import math
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from scopekb.scoring import min_max, normalise_by_max, rrf_fusion, weighted_fusion
 
 scores = st.lists(st.tuples(st.text(min_size=1, max_size=4),

@@ -17,6 +17,7 @@ from celery.signals import task_postrun, task_prerun, worker_process_init
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import TransportError
 from redis.exceptions import RedisError
+
 from scopekb import queue
 from scopekb.gitrepo import GitError
 from scopekb.indexing import SyncError, run_sync

@@ -298,7 +298,9 @@ class OpenSearchChunkStore:
         if not self.dimension:
             return []
         body = {"size": k, "query": {"knn": {F.EMBEDDING: {
-            "vector": list(vector), "k": k, "filter": {"bool": {"filter": filter_clauses(flt)}}}}},
+            "vector": list(vector), "k": k, "filter": {"bool": {"filter": filter_clauses(flt)}},
+            # lucene's default ef_search (= k) gave recall@10 of 0.73 on random vectors here; 100 gave 0.99.
+            "method_parameters": {"ef_search": max(100, k)}}}},
             "_source": {"excludes": [F.EMBEDDING]}}
         try:
             res = self.client.search(index=self.alias, body=body)

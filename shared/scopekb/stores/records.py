@@ -57,7 +57,9 @@ class RecordStore:
 
     def put_source(self, src: Source) -> None:
         d = src.model_dump(mode="json")
-        d["webhook_secret"] = src.webhook_secret.get_secret_value() if src.webhook_secret else None
+        for k in ("webhook_secret", "webhook_secret_previous"):
+            secret = getattr(src, k)
+            d[k] = secret.get_secret_value() if secret else None
         self.put("sources", src.id, d)
 
     def get_source(self, source_id: str) -> Source | None:

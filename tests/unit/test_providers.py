@@ -1,0 +1,68 @@
+"""Every provider's verification and parsing on fixtures written from its documentation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scopekb_ingester.providers import PROVIDERS, BadRequest, decode_body
+from tests.webhook_fixtures import ZERO, delivery
+
+A, B = "a" * 40, "b" * 40
+PROVS = ["github", "gitlab", "gitea", "forgejo", "bitbucket"]
+
+
+def _lower(h: dict[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in h.items()}
+
+
+@pytest.mark.parametrize("name", PROVS)
+def test_valid_tampered_wrong_secret_missing(name: str) -> None:
+    prov = PROVIDERS[name]
+    body, h = delivery(name, "o/r", "https://h/o/r.git", A, B, "s3cret")
+    h = _lower(h)
+    sig = prov.header(h, prov.signature_headers)
+    assert prov.verify(["s3cret"], body, sig)
+    assert prov.verify(["old", "s3cret"], body, sig)  # rotation: either secret
+    if name != "gitlab":  # GitLab sends the token itself, not a signature of the body
+        assert not prov.verify(["s3cret"], body.replace(b"o/r", b"o/x"), sig)
+    assert not prov.verify(["wrong"], body, sig)
+    assert not prov.verify(["s3cret"], body, None)
+    parsed = prov.parse(prov.header(h, prov.event_headers) or "", decode_body(body, "application/json"))
+    assert parsed.kind == "push" and parsed.repository.full_name == "o/r"
+    (push,) = parsed.pushes
+    assert (push.branch, push.before, push.after) == ("main", A, B)
+    assert prov.header(h, prov.delivery_headers)
+
+
+def test_bitbucket_branch_deletion_and_creation() -> None:
+    prov = PROVIDERS["bitbucket"]
+    body, _ = delivery("bitbucket", "o/r", "", A, ZERO, "s")
+    (push,) = prov.parse("repo:push", json.loads(body)).pushes
+    assert push.deleted and push.branch == "main" and push.before == A
+    body, _ = delivery("bitbucket", "o/r", "", ZERO, B, "s")
+    (push,) = prov.parse("repo:push", json.loads(body)).pushes
+    assert push.before == ZERO and push.after == B
+
+
+def test_gitlab_tag_push_and_unknown_events() -> None:
+    body, _ = delivery("gitlab", "o/r", "https://h/o/r.git", ZERO, B, "s")
+    data = json.loads(body)
+    data["ref"] = "refs/tags/v1.0"
+    (push,) = PROVIDERS["gitlab"].parse("Tag Push Hook", data).pushes
+    assert push.branch is None
+    for name, event in [("gitlab", "Issue Hook"), ("github", "issues"), ("bitbucket", "pullrequest:created")]:
+        with pytest.raises(BadRequest):
+            PROVIDERS[name].parse(event, data)
+
+
+@pytest.mark.parametrize("name", PROVS)
+@pytest.mark.parametrize("payload", [{}, {"repository": []}, {"repository": {}, "ref": 1},
+                                     {"repository": {"full_name": "o/r"}, "push": {"changes": "x"}}])
+def test_malformed_payloads_are_bad_requests(name: str, payload: dict) -> None:
+    prov = PROVIDERS[name]
+    event = {"github": "push", "gitlab": "Push Hook", "gitea": "push", "forgejo": "push",
+             "bitbucket": "repo:push"}[name]
+    with pytest.raises(BadRequest):
+        prov.parse(event, payload)
