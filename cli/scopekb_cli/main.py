@@ -245,7 +245,8 @@ def search(query: str, agent: Annotated[str, typer.Option("--agent")],
     scope = ScopeFilter(agent, None if cross_context else (context or "",))
     req = SearchRequest(query=query, mode=mode, max_results=max_results, context_id=context,
                         cross_context=cross_context)
-    resp = run_search(_rt().chunks, req, scope, s.query)
+    rt = _rt()
+    resp = run_search(rt.chunks, req, scope, s.query, embed=rt.embed_query if rt.embedder is not None else None)
     if as_json:
         out.print_json(resp.model_dump_json())
     else:

@@ -160,7 +160,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise HTTPException(403, "searches need an agent key, not the admin token")
         try:
             scope = resolve_scope(c.key, req.context_id, req.cross_context)
-            resp = run_search(rt.chunks, req, scope, settings.query)
+            resp = run_search(rt.chunks, req, scope, settings.query,
+                              embed=rt.embed_query if rt.embedder is not None else None)
         except AuthError as e:
             raise HTTPException(e.status, str(e)) from None
         except SearchUnavailable as e:

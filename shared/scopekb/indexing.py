@@ -27,7 +27,8 @@ from typing import Any
 from scopekb import fields as F
 from scopekb import filetypes
 from scopekb.blobs import BlobStore, blob_key
-from scopekb.chunking import chunk_document
+from scopekb.chunking import TokenCounter, chunk_document, embedding_text
+from scopekb.embedding import Embedder, EmbeddingCache, embed_with_cache
 from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Change, Mirror, TreeEntry
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobState, Source, utcnow
@@ -47,12 +48,15 @@ class SyncError(RuntimeError):
 
 @dataclass
 class SyncDeps:
-    """What a sync needs: settings and the three stores."""
+    """What a sync needs: settings, the three stores and, unless keyword-only, the embedder and its cache."""
 
     settings: Settings
     records: RecordStore
     chunks: ChunkStore
     blobs: BlobStore
+    embedder: Embedder | None = None
+    embed_cache: EmbeddingCache | None = None
+    counter: TokenCounter | None = None
 
 
 @dataclass
@@ -61,6 +65,8 @@ class _Plan:
     from_commit: str | None
     to_index: list[str] = field(default_factory=list)
     to_delete: list[str] = field(default_factory=list)
+    #: Paths being re-indexed that may already have chunks (modified, or present in the index before).
+    maybe_stale: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -167,13 +173,16 @@ def _plan(deps: SyncDeps, mirror: Mirror, src: Source, target: str, tree: dict[s
                 if c.old_path:
                     plan.to_delete.append(c.old_path)
                 plan.to_index.append(c.path)
+                if c.status != "A":
+                    plan.maybe_stale.add(c.path)
         log.info("sync_planned", source_id=src.id, mode="diff", from_commit=last, to_commit=target,
                  index=len(plan.to_index), delete=len(plan.to_delete))
         return plan
     # No usable state: index the whole tree and drop whatever the index holds that the tree does not.
     plan.to_index = list(tree)
-    stale = deps.chunks.indexed_paths(src.id, src.agent_name, src.context_id) - set(tree)
-    plan.to_delete = sorted(stale)
+    indexed = deps.chunks.indexed_paths(src.id, src.agent_name, src.context_id)
+    plan.to_delete = sorted(indexed - set(tree))
+    plan.maybe_stale = indexed & set(tree)
     log.info("sync_planned", source_id=src.id, mode="full", from_commit=last, to_commit=target,
              index=len(plan.to_index), delete=len(plan.to_delete))
     return plan
@@ -238,6 +247,7 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
         docs: list[dict[str, Any]] = []
         keep: dict[tuple[str, str], list[str]] = {}
         now = utcnow().isoformat()
+        per_path: list[tuple[str, str, str, list[Chunk]]] = []  # (path, language, blob sha, chunks)
         for path in batch:
             prep = prepared.get(path)
             if prep is None:
@@ -246,16 +256,26 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
             if prep.skip is None:
                 chunks = chunk_cache.get(prep.entry.sha) or _chunk_blob(deps, path, prep.entry.sha, s)
                 chunk_cache[prep.entry.sha] = chunks
-            lang = filetypes.language_for(path)
+            per_path.append((path, filetypes.language_for(path), prep.entry.sha, chunks))
+            if prep.skip is None and chunks:
+                job.files_indexed += 1
+        failed_paths: set[str] = set()
+        vectors = _embed(deps, job, per_path, failed_paths)
+        for path, lang, sha, chunks in per_path:
             for plan in plans:
                 if path not in index_sets[plan.source.id]:
                     continue
+                if path in failed_paths:
+                    failed.add(plan.source.id)
                 ids = keep.setdefault((plan.source.id, path), [])
                 for c in chunks:
-                    docs.append(_doc(plan.source, path, lang, c, prep.entry.sha, commit, now))
-                    ids.append(docs[-1]["_id"])
-            if prep.skip is None and chunks:
-                job.files_indexed += 1
+                    doc = _doc(plan.source, path, lang, c, sha, commit, now)
+                    vec = vectors.get((path, c.chunk_index))
+                    if vec is not None and deps.embedder is not None:
+                        doc[F.EMBEDDING] = vec
+                        doc[F.EMBEDDING_MODEL] = deps.embedder.model_id
+                    docs.append(doc)
+                    ids.append(doc["_id"])
         report = deps.chunks.bulk_write(docs)
         job.chunks_written += report.written
         bad_ids = {d for d, _, _ in report.errors}
@@ -264,13 +284,14 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
         for d in docs:
             if d["_id"] in bad_ids:
                 failed.add(d[F.SOURCE_ID])
-        # Stale chunks of re-indexed paths: everything of that (scope, source, path) not just written.
+        # Stale chunks of re-indexed paths that had chunks before: everything of that (scope, source, path) not
+        # just written, in one delete per source and batch.
         for plan in plans:
-            for path in batch:
-                if path in index_sets[plan.source.id]:
-                    job.chunks_deleted += deps.chunks.delete_path(
-                        plan.source.agent_name, plan.source.context_id, plan.source.id, path,
-                        keep_ids=keep.get((plan.source.id, path), []))
+            stale = [p for p in batch if p in plan.maybe_stale]
+            if stale:
+                job.chunks_deleted += deps.chunks.delete_paths(
+                    plan.source.agent_name, plan.source.context_id, plan.source.id, stale,
+                    keep_ids=[i for p in stale for i in keep.get((plan.source.id, p), [])])
         done += len(batch)
         deps.records.put_job(job)  # progress
         if progress:
@@ -280,7 +301,36 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
 
 def _chunk_blob(deps: SyncDeps, path: str, sha: str, s: Settings) -> list[Chunk]:
     text = filetypes.decode_text(deps.blobs.get(blob_key(sha)))
-    return chunk_document(path, text, filetypes.language_for(path), s.chunking)
+    return chunk_document(path, text, filetypes.language_for(path), s.chunking, deps.counter)
+
+
+def _embed(deps: SyncDeps, job: Job, per_path: list[tuple[str, str, str, list[Chunk]]],
+           failed_paths: set[str]) -> dict[tuple[str, int], list[float]]:
+    """Vectors for a batch's chunks, through the cache: ``(path, chunk index) -> vector``.
+
+    Only texts the cache does not know are sent to the embedder, each once. A chunk the provider refuses is
+    written without a vector (keyword search still finds it); its path is added to ``failed_paths`` and named
+    in ``job.errors``, so the sync ends ``partial`` and the next one retries the file.
+    """
+    if deps.embedder is None:
+        return {}
+    keys: list[tuple[str, int]] = []
+    texts: list[str] = []
+    for path, lang, _sha, chunks in per_path:
+        for c in chunks:
+            keys.append((path, c.chunk_index))
+            texts.append(embedding_text(path, lang, c, deps.settings.chunking, deps.counter))
+    if not texts:
+        return {}
+    vectors, stats, errors = embed_with_cache(deps.embedder, deps.embed_cache, texts)
+    job.embeddings_computed += stats.computed
+    job.embeddings_cached += stats.cached
+    for pos, reason in sorted(errors.items()):
+        path = keys[pos][0]
+        if path not in failed_paths:
+            failed_paths.add(path)
+            job.errors.append(f"{path}: embedding refused: {reason}")
+    return {k: list(v) for k, v in zip(keys, vectors, strict=True) if v is not None}
 
 
 def _doc(src: Source, path: str, lang: str, c: Chunk, blob_sha: str, commit: str, now: str) -> dict[str, Any]:

@@ -1,40 +1,94 @@
-"""Wiring: build the stores and clients a process needs from :class:`scopekb.settings.Settings`."""
+"""Wiring: build the stores, clients and embedder a process needs from :class:`scopekb.settings.Settings`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
-from scopekb.blobs import S3BlobStore
+from scopekb.blobs import BlobStore, S3BlobStore
+from scopekb.chunking import TokenCounter, counter_for_model
+from scopekb.embedding import Embedder, EmbeddingCache, make_embedder, make_embedding_cache
 from scopekb.indexing import SyncDeps
+from scopekb.logging import get_logger
 from scopekb.settings import Settings
+from scopekb.stores.base import ChunkStore
 from scopekb.stores.opensearch import OpenSearchChunkStore, make_client
 from scopekb.stores.records import OpenSearchRecordStore, RecordStore
+
+log = get_logger(__name__)
 
 
 @dataclass
 class Runtime:
-    """The long-lived clients of one process."""
+    """The long-lived clients of one process. The embedding cache is built on first use."""
 
     settings: Settings
     records: RecordStore
-    chunks: OpenSearchChunkStore
-    blobs: S3BlobStore
+    chunks: ChunkStore
+    blobs: BlobStore
+    embedder: Embedder | None = None
+    counter: TokenCounter | None = None
+    opensearch_client: Any = None
+    _cache: EmbeddingCache | None = None
+    _cache_built: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def embed_cache(self) -> EmbeddingCache | None:
+        """The embedding cache named by the settings (None in keyword-only mode)."""
+        if self.embedder is None:
+            return None
+        with self._lock:
+            if not self._cache_built:
+                self._cache = make_embedding_cache(self.settings, self.opensearch_client)
+                self._cache_built = True
+        return self._cache
 
     def sync_deps(self) -> SyncDeps:
-        return SyncDeps(settings=self.settings, records=self.records, chunks=self.chunks, blobs=self.blobs)
+        """What :func:`scopekb.indexing.run_sync` needs."""
+        return SyncDeps(settings=self.settings, records=self.records, chunks=self.chunks, blobs=self.blobs,
+                        embedder=self.embedder, embed_cache=self.embed_cache, counter=self.counter)
+
+    def embed_query(self, text: str) -> list[float]:
+        """A query vector from the configured embedder.
+
+        Raises:
+            RuntimeError: keyword-only mode (no embedder).
+        """
+        if self.embedder is None:
+            raise RuntimeError("no embedding model configured")
+        return list(self.embedder.embed_query(text))
+
+
+def embedding_setup(settings: Settings) -> tuple[Embedder | None, TokenCounter]:
+    """The embedder (None for keyword-only) and the token counter chunk sizes are measured with.
+
+    Raises:
+        scopekb.embedding.EmbeddingConfigError: the provider cannot be built (missing extra, no API key).
+    """
+    emb = make_embedder(settings.embedding)
+    if emb is None:
+        return None, counter_for_model(None, settings.chunking)
+    name = "all-MiniLM-L6-v2" if settings.embedding.provider == "local" else f"openai:{settings.embedding.model}"
+    return emb, counter_for_model(name, settings.chunking)
 
 
 def build_runtime(settings: Settings) -> Runtime:
-    """Clients for OpenSearch (chunks + records) and S3. Nothing is contacted until first use."""
+    """Clients for OpenSearch (chunks + records), S3 and the embedder. The chunk index is versioned by the
+    embedder's model and dimension (see :func:`scopekb.fields.index_version_name`)."""
     client = make_client(settings.opensearch)
     os_cfg = settings.opensearch
-    chunks = OpenSearchChunkStore(client, alias=os_cfg.alias, dimension=None, model=None,
+    embedder, counter = embedding_setup(settings)
+    dimension = embedder.dimension if embedder is not None else None
+    chunks = OpenSearchChunkStore(client, alias=os_cfg.alias, dimension=dimension,
+                                  model=embedder.model_id if embedder is not None else None,
                                   shards=os_cfg.shards, replicas=os_cfg.replicas,
                                   bulk_max_bytes=os_cfg.bulk_max_bytes)
     return Runtime(settings=settings, records=OpenSearchRecordStore(client, os_cfg.system_prefix), chunks=chunks,
-                   blobs=S3BlobStore(settings.s3))
+                   blobs=S3BlobStore(settings.s3), embedder=embedder, counter=counter, opensearch_client=client)
 
 
 def redis_client(settings: Settings) -> redis.Redis:

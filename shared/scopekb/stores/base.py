@@ -62,6 +62,9 @@ class ChunkStore(Protocol):
     def delete_path(self, scope_agent: str, scope_context: str, source_id: str, path: str,
                     keep_ids: Sequence[str] = ()) -> int: ...
 
+    def delete_paths(self, scope_agent: str, scope_context: str, source_id: str, paths: Sequence[str],
+                     keep_ids: Sequence[str] = ()) -> int: ...
+
     def delete_source(self, source_id: str, paths: Sequence[str] | None = None) -> int: ...
 
     def indexed_paths(self, source_id: str, agent_name: str | None = None,

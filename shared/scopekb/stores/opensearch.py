@@ -197,6 +197,20 @@ class OpenSearchChunkStore:
             query["bool"]["must_not"] = [{"ids": {"values": list(keep_ids)}}]
         return self._delete_by_query(query)
 
+    def delete_paths(self, scope_agent: str, scope_context: str, source_id: str, paths: Sequence[str],
+                     keep_ids: Sequence[str] = ()) -> int:
+        """Delete the chunks of several paths of one scope and source, except ``keep_ids``, in one request per
+        1,000 paths. Returns the number of chunks deleted."""
+        total = 0
+        for i in range(0, len(paths), 1000):
+            query: dict[str, Any] = {"bool": {"filter": [
+                {"term": {F.AGENT_NAME: scope_agent}}, {"term": {F.CONTEXT_ID: scope_context}},
+                {"term": {F.SOURCE_ID: source_id}}, {"terms": {F.PATH: list(paths[i:i + 1000])}}]}}
+            if keep_ids:
+                query["bool"]["must_not"] = [{"ids": {"values": list(keep_ids)}}]
+            total += self._delete_by_query(query)
+        return total
+
     def delete_source(self, source_id: str, paths: Sequence[str] | None = None) -> int:
         """Delete every chunk of a source (all its scopes), or only those of ``paths``. Returns chunks deleted."""
         flt: list[dict[str, Any]] = [{"term": {F.SOURCE_ID: source_id}}]
