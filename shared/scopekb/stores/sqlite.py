@@ -1,0 +1,883 @@
+"""Embedded-mode stores on SQLite: the chunk index (FTS5 BM25 + exact cosine kNN) and small records.
+
+Same contract as the OpenSearch stores (DESIGN §7): :class:`SqliteChunkStore` implements
+:class:`scopekb.stores.base.ChunkStore` and :class:`SqliteRecordStore` implements
+:class:`scopekb.stores.records.RecordStore`. Both may share one database file.
+
+Keyword search mirrors the OpenSearch analyzers of :mod:`scopekb.fields` by tokenising in Python: at index time
+identifiers are split into parts (camelCase, snake_case, digits) and the original identifier is kept; at query time
+identifiers stay whole. The FTS5 table receives the tokens as one space-separated string (``ascii`` tokenizer with
+``_`` as a token character, so FTS5 never re-splits a token), and ranks with ``bm25()`` weighted like
+:data:`scopekb.fields.KEYWORD_FIELDS`. Vector search is exact cosine over the filtered rows with numpy.
+
+Concurrency: one connection per thread, WAL journal, writes serialised by a process-wide lock plus
+``BEGIN IMMEDIATE`` (other processes wait on ``busy_timeout``). The path must be a file, not ``:memory:``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import sqlite3
+import threading
+import unicodedata
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scopekb import fields as F
+from scopekb.logging import get_logger
+from scopekb.stores.base import BulkReport, RawHit, SearchFilter
+from scopekb.stores.opensearch import IndexVersionMismatch
+from scopekb.stores.records import RecordStore
+
+log = get_logger(__name__)
+
+__all__ = [
+    "IndexVersionMismatch",
+    "SCHEMA_VERSION",
+    "SqliteChunkStore",
+    "SqliteRecordStore",
+    "glob_regex",
+    "index_tokens",
+    "query_tokens",
+]
+
+#: Bumped whenever the tables or the tokenisation change; a database of another version is refused.
+SCHEMA_VERSION = 1
+
+#: bm25() column weights in FTS column order (symbol, signature, content, path), as in ``F.KEYWORD_FIELDS``.
+BM25_WEIGHTS = (5.0, 3.0, 1.0, 2.0)
+
+_KEYWORD = frozenset({F.AGENT_NAME, F.CONTEXT_ID, F.SOURCE_ID, F.REPO, F.REF, F.COMMIT, F.PATH, F.LANGUAGE, F.KIND,
+                      F.CONTENT_SHA, F.BLOB_SHA, F.EMBEDDING_MODEL})
+_TEXT = frozenset({F.SYMBOL, F.SIGNATURE, F.CONTENT})
+_INT = frozenset({F.CHUNK_INDEX, F.START_LINE, F.END_LINE})
+_KNOWN = _KEYWORD | _TEXT | _INT | {F.METADATA, F.INDEXED_AT, F.EMBEDDING}
+
+_BUSY_TIMEOUT_MS = 30_000
+_DIRECT_READ_MAX = 4096  # filtered kNN over at most this many rows reads their vectors directly, else via the cache
+
+# ---- tokenisation ---------------------------------------------------------------------------------------------
+
+# Python's \w is letters, digits and "_" (marks excluded), like the pattern tokenizer [^\p{L}\p{N}_]+ splits on.
+_WORD = re.compile(r"\w+")
+# Lucene word_delimiter subwords for ASCII: an upper-case run may continue lower-case ("HTTPServer" stays whole,
+# "fooBar" -> foo, Bar), digits are their own part, "_" delimits.
+_ASCII_PART = re.compile(r"[A-Z]+[a-z]*|[a-z]+|[0-9]+")
+_LOWER, _UPPER, _DIGIT, _DELIM = 1, 2, 4, 8
+_ALPHA = _LOWER | _UPPER
+_CATEGORY_TYPE = {"Lu": _UPPER, "Ll": _LOWER, "Lt": _ALPHA, "Lm": _ALPHA, "Lo": _ALPHA, "Mn": _ALPHA,
+                  "Me": _ALPHA, "Mc": _ALPHA, "Nd": _DIGIT, "Nl": _DIGIT, "No": _DIGIT}
+
+
+@lru_cache(maxsize=4096)
+def _char_type(ch: str) -> int:
+    if ord(ch) > 0xFFFF:  # Lucene walks UTF-16 units: a surrogate never breaks a word
+        return _ALPHA | _DIGIT
+    return _CATEGORY_TYPE.get(unicodedata.category(ch), _DELIM)
+
+
+def _is_break(last: int, cur: int) -> bool:
+    # Lucene WordDelimiterIterator.isBreak with split_on_case_change and split_on_numerics on.
+    if cur & last:
+        return False
+    if last & _UPPER and cur & _ALPHA:
+        return False
+    return True
+
+
+def _parts(token: str) -> list[str]:
+    """Subwords of one identifier as Lucene's ``word_delimiter`` filter finds them (before lower-casing)."""
+    if token.isascii():
+        return _ASCII_PART.findall(token)
+    out: list[str] = []
+    start = -1
+    last = 0
+    for i, ch in enumerate(token):
+        t = _char_type(ch)
+        if t == _DELIM:
+            if start >= 0:
+                out.append(token[start:i])
+                start = -1
+            last = 0
+            continue
+        if start < 0:
+            start = i
+        elif _is_break(last, t):
+            out.append(token[start:i])
+            start = i
+        last = t
+    if start >= 0:
+        out.append(token[start:])
+    return out
+
+
+def _lower(text: str) -> str:
+    # Lucene lower-cases code point by code point (simple mapping); Python's full mapping turns "İ" into "i̇".
+    return text.lower() if "\u0130" not in text else text.replace("\u0130", "i").lower()
+
+
+@lru_cache(maxsize=65536)
+def _analyse(token: str) -> tuple[str, ...]:
+    parts = _parts(token)
+    if len(parts) == 1 and parts[0] == token:
+        return (_lower(token),)
+    return (_lower(token), *(_lower(p) for p in parts))
+
+
+class _AnalysedCache(dict[str, str]):
+    """identifier → its index-time tokens joined by spaces; filled on first sight, emptied when it grows large."""
+
+    def __missing__(self, token: str) -> str:
+        if len(self) >= 200_000:
+            self.clear()
+        value = self[token] = " ".join(_analyse(token))
+        return value
+
+
+_ANALYSED = _AnalysedCache()
+
+
+def index_tokens(text: str | None) -> list[str]:
+    """Index-time tokens of ``text``, equivalent to the ``scopekb_code`` analyzer of :mod:`scopekb.fields`.
+
+    Each identifier (run of letters, digits and ``_``) yields itself lower-cased plus, when it has several parts,
+    its camelCase / snake_case / digit parts: ``"parseRFC3339_date"`` →
+    ``["parserfc3339_date", "parse", "rfc", "3339", "date"]``. ``None`` or empty text gives ``[]``.
+    """
+    return _fts_text(text).split()
+
+
+def query_tokens(text: str) -> list[str]:
+    """Query-time tokens (the ``scopekb_code_search`` analyzer): identifiers whole and lower-cased.
+
+    ``"parse_rfc3339 retry"`` → ``["parse_rfc3339", "retry"]``.
+    """
+    return [_lower(t) for t in _WORD.findall(text)]
+
+
+def _fts_text(text: Any) -> str:
+    """The index-time tokens of ``text`` as one space-separated string (what the FTS5 table stores)."""
+    if not text:
+        return ""
+    return " ".join(map(_ANALYSED.__getitem__, _WORD.findall(text if isinstance(text, str) else str(text))))
+
+
+# ---- path globs -----------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1024)
+def glob_regex(glob: str) -> re.Pattern[str]:
+    """Compile a ``file_patterns`` glob (:class:`scopekb.stores.base.SearchFilter`) to a full-match regex.
+
+    ``*`` and ``**`` match any characters including ``/``; ``**/`` also matches no folder at all
+    (``src/**/*.py`` matches ``src/a.py``); ``?`` matches one character; a pattern without ``/`` matches the file
+    name in any folder (``setup.py`` matches ``setup.py`` and ``pkg/setup.py`` but not ``mysetup.py``).
+    Matching is case-sensitive, like OpenSearch's ``wildcard`` query on a keyword.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(glob):
+        if glob.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif glob.startswith("**", i) or glob[i] == "*":
+            out.append(".*")
+            i += 2 if glob.startswith("**", i) else 1
+        elif glob[i] == "?":
+            out.append(".")
+            i += 1
+        else:
+            out.append(re.escape(glob[i]))
+            i += 1
+    body = "".join(out)
+    if "/" not in glob:
+        body = "(?:.*/)?" + body
+    return re.compile(body, re.DOTALL)
+
+
+def _glob_match(path: str | None, glob: str) -> int:
+    return 1 if path is not None and glob_regex(glob).fullmatch(path) else 0
+
+
+# ---- connections ------------------------------------------------------------------------------------------------
+
+
+class _Connections:
+    """One SQLite connection per thread to one file, all closed by :meth:`close`."""
+
+    def __init__(self, path: Path) -> None:
+        if str(path) == ":memory:":
+            raise ValueError("SQLite stores need a file path; ':memory:' would give each thread its own database")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._guard = threading.Lock()
+        #: Serialises this process's writers (SQLite has one writer; BEGIN IMMEDIATE covers other processes).
+        self.write_lock = threading.RLock()
+
+    def get(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA temp_store=MEMORY")
+            conn.create_function("scopekb_glob", 2, _glob_match, deterministic=True)
+            self._local.conn = conn
+            with self._guard:
+                self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (``BEGIN IMMEDIATE`` … ``COMMIT``; rolled back on any exception)."""
+        with self.write_lock:
+            conn = self.get()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: every statement inside sees one snapshot."""
+        conn = self.get()
+        if conn.in_transaction:  # nested inside a write of this thread
+            yield conn
+            return
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._guard:
+            conns, self._all = self._all, []
+        for c in conns:
+            try:
+                c.close()
+            except sqlite3.Error:  # pragma: no cover - closing is best effort
+                pass
+        self._local = threading.local()
+
+
+def _table_exists(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name = ?",
+                        (name,)).fetchone() is not None
+
+
+# ---- chunk store ------------------------------------------------------------------------------------------------
+
+_CHUNK_DDL = (
+    "CREATE TABLE IF NOT EXISTS scopekb_meta (key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID",
+    # One slim row per chunk: the filter and tie-break columns, and two digests so a re-write of an unchanged
+    # document is skipped (digest) or keeps its FTS row (fts_key). Ranking and filtering read only these rows.
+    "CREATE TABLE IF NOT EXISTS chunks ("
+    " rowid INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE,"
+    " agent_name TEXT, context_id TEXT, source_id TEXT, repo TEXT, ref TEXT, path TEXT, language TEXT,"
+    " content_sha TEXT, chunk_index INTEGER, has_vec INTEGER NOT NULL DEFAULT 0,"
+    " digest TEXT NOT NULL, fts_key TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS chunks_scope ON chunks (agent_name, context_id, source_id, path)",
+    "CREATE INDEX IF NOT EXISTS chunks_source ON chunks (source_id, path)",
+    # The stored fields as JSON (without the vector), read only for the hits returned.
+    "CREATE TABLE IF NOT EXISTS chunk_docs (rowid INTEGER PRIMARY KEY, doc TEXT NOT NULL)",
+    # Vectors apart from the rows so filtering never reads them: little-endian float32, ``dimension`` values.
+    "CREATE TABLE IF NOT EXISTS chunk_vectors (rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)",
+    # Pre-tokenised text; FTS5 only splits on spaces. detail=full (the default) although bm25 needs no positions:
+    # with detail=column, bm25() is about ten times slower on common terms.
+    "CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5("
+    " symbol, signature, content, path, tokenize = \"ascii tokenchars '_'\")",
+)
+
+
+class _Rejected(ValueError):
+    """A document the index refuses (the reason goes into :class:`BulkReport` errors)."""
+
+
+class SqliteChunkStore:
+    """Chunk documents in one SQLite file with the semantics of :class:`OpenSearchChunkStore`.
+
+    Args:
+        path: database file; created with its parent folders on :meth:`ensure_index`. May be shared with a
+            :class:`SqliteRecordStore`.
+        dimension: embedding dimension, or None for a keyword-only index (vector search then returns ``[]``).
+        model: embedding model id recorded with the index; a database built for another dimension, or (when
+            ``model`` is given and vectors are stored) another model, is refused by :meth:`ensure_index`.
+
+    Documents are dicts with ``_id`` and the fields of :mod:`scopekb.fields`; ``embedding`` is a list of
+    ``dimension`` finite floats (not all zero) or absent/None. Reads before :meth:`ensure_index` on a missing
+    database return empty results; writes call :meth:`ensure_index` first.
+
+    Differences from OpenSearch, none of which the store contract relies on: writes are visible at once (no refresh
+    interval); keyword fields must be scalars (OpenSearch also takes arrays); BM25 statistics and the combination
+    of fields differ (FTS5 sums the weighted columns where ``multi_match`` takes the best field plus 0.3 × the
+    others), so rankings may differ while the scores keep their meaning (raw > 0, best first).
+    """
+
+    def __init__(self, path: Path | str, dimension: int | None = None, model: str | None = None) -> None:
+        self.path = Path(path)
+        self.dimension = dimension or None
+        self.model = model
+        self._db = _Connections(self.path)
+        self._ready = False
+        self._cache_lock = threading.Lock()
+        # (generation, rowids sorted, row-normalised float32 matrix) of every stored vector
+        self._vec_cache: tuple[int, np.ndarray, np.ndarray] | None = None
+
+    # ---- index lifecycle -------------------------------------------------------------------------------------
+
+    @property
+    def version_name(self) -> str:
+        """A name for this index version (file, schema, dimension and model), like the OpenSearch index name."""
+        tag = hashlib.sha256((self.model or "").encode()).hexdigest()[:8]
+        kind = f"{self.dimension}-{tag}" if self.dimension else "kw"
+        return f"sqlite:{self.path}#chunks-s{SCHEMA_VERSION}-{kind}"
+
+    def ensure_index(self) -> str:
+        """Create the tables idempotently and record schema version, dimension and model on first use.
+
+        Returns :attr:`version_name`.
+
+        Raises:
+            IndexVersionMismatch: the database was built with another schema version, dimension or model
+                (a reindex is needed, e.g. :meth:`drop` then a full sync).
+        """
+        with self._db.write() as conn:
+            for ddl in _CHUNK_DDL:
+                conn.execute(ddl)
+            meta = dict(conn.execute("SELECT key, value FROM scopekb_meta").fetchall())
+            if not meta.get("schema_version"):
+                want = {"schema_version": str(SCHEMA_VERSION), "mapping_version": str(F.MAPPING_VERSION),
+                        "dimension": str(self.dimension or ""), "model": self.model or "", "vec_gen": "0"}
+                conn.executemany("INSERT OR REPLACE INTO scopekb_meta VALUES (?, ?)", list(want.items()))
+                log.info("chunk_index_created", index=str(self.path), dimension=self.dimension)
+            else:
+                have_dim = int(meta["dimension"]) if meta.get("dimension") else None
+                have_model = meta.get("model") or None
+                # a vector index also belongs to its model (same dimension, other model: other vector space);
+                # model None asks for no model check
+                model_differs = bool(self.dimension) and self.model is not None and have_model != self.model
+                if meta["schema_version"] != str(SCHEMA_VERSION) or have_dim != self.dimension or model_differs:
+                    raise IndexVersionMismatch(
+                        f"SQLite index {str(self.path)!r} has schema version {meta['schema_version']}, dimension "
+                        f"{have_dim} and model {have_model!r}; this process wants version {SCHEMA_VERSION}, "
+                        f"dimension {self.dimension} and model {self.model!r}. Run `scopekb reindex`.")
+        self._ready = True
+        return self.version_name
+
+    def drop(self) -> None:
+        """Delete every chunk table (a reindex then starts from :meth:`ensure_index`); other tables are kept."""
+        with self._db.write() as conn:
+            for t in ("chunks_fts", "chunk_vectors", "chunk_docs", "chunks", "scopekb_meta"):
+                conn.execute(f"DROP TABLE IF EXISTS {t}")
+        self._ready = False
+        with self._cache_lock:
+            self._vec_cache = None
+
+    def refresh(self) -> None:
+        """No-op: a committed write is visible to the next read in every thread and process."""
+
+    def close(self) -> None:
+        """Close every connection this store opened (it reopens on next use)."""
+        self._db.close()
+
+    def _readable(self, conn: sqlite3.Connection) -> bool:
+        if self._ready:
+            return True
+        return _table_exists(conn, "chunks") and _table_exists(conn, "chunks_fts")
+
+    # ---- writes ----------------------------------------------------------------------------------------------
+
+    def bulk_write(self, docs: Iterable[dict[str, Any]], refresh: bool = False) -> BulkReport:
+        """Upsert chunk documents by ``_id`` in one transaction.
+
+        A document equal to the stored one is skipped; one whose searchable text (symbol, signature, content,
+        path) is unchanged keeps its full-text row. Invalid documents are rejected one by one with a reason
+        (unknown field, wrong vector dimension, non-finite or zero vector, a value of the wrong type) and the rest
+        is written. ``refresh`` is accepted for interface parity (writes are visible at once).
+
+        Returns:
+            :class:`BulkReport` with ``written`` (documents stored or already identical) and ``errors`` as
+            ``(doc id, path, reason)``.
+        """
+        if not self._ready:
+            self.ensure_index()
+        report = BulkReport()
+        prepared: list[dict[str, Any]] = []
+        for d in docs:
+            try:
+                prepared.append(self._prepare(d))
+            except _Rejected as e:
+                report.errors.append((str(d.get("_id", "")), str(d.get(F.PATH, "?")), f"400: {e}"))
+        if not prepared:
+            return report
+        vec_changed = False
+        with self._db.write() as conn:
+            existing: dict[str, tuple[int, str, str, int]] = {}
+            ids = list(dict.fromkeys(p["id"] for p in prepared))
+            for i in range(0, len(ids), 500):
+                part = ids[i:i + 500]
+                rows = conn.execute(
+                    f"SELECT id, rowid, digest, fts_key, has_vec FROM chunks WHERE id IN ({','.join('?' * len(part))})",
+                    part).fetchall()
+                existing.update({r[0]: (r[1], r[2], r[3], r[4]) for r in rows})
+            for p in prepared:
+                old = existing.get(p["id"])
+                if old is not None and old[1] == p["digest"]:
+                    report.written += 1
+                    continue
+                cols = (p[F.AGENT_NAME], p[F.CONTEXT_ID], p[F.SOURCE_ID], p[F.REPO], p[F.REF], p[F.PATH],
+                        p[F.LANGUAGE], p[F.CONTENT_SHA], p[F.CHUNK_INDEX], 1 if p["vec"] is not None else 0,
+                        p["digest"], p["fts_key"])
+                if old is None:
+                    cur = conn.execute(
+                        "INSERT INTO chunks (agent_name, context_id, source_id, repo, ref, path, language, content_sha,"
+                        " chunk_index, has_vec, digest, fts_key, id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        (*cols, p["id"]))
+                    rowid = int(cur.lastrowid or 0)
+                    conn.execute("INSERT INTO chunk_docs (rowid, doc) VALUES (?, ?)", (rowid, p["doc"]))
+                    self._insert_fts(conn, rowid, p)
+                else:
+                    rowid = old[0]
+                    conn.execute(
+                        "UPDATE chunks SET agent_name=?, context_id=?, source_id=?, repo=?, ref=?, path=?, language=?,"
+                        " content_sha=?, chunk_index=?, has_vec=?, digest=?, fts_key=? WHERE rowid=?",
+                        (*cols, rowid))
+                    conn.execute("INSERT OR REPLACE INTO chunk_docs (rowid, doc) VALUES (?, ?)", (rowid, p["doc"]))
+                    if old[2] != p["fts_key"]:
+                        conn.execute("DELETE FROM chunks_fts WHERE rowid = ?", (rowid,))
+                        self._insert_fts(conn, rowid, p)
+                if p["vec"] is not None:
+                    conn.execute("INSERT OR REPLACE INTO chunk_vectors (rowid, embedding) VALUES (?, ?)",
+                                 (rowid, p["vec"]))
+                    vec_changed = True
+                elif old is not None and old[3]:
+                    conn.execute("DELETE FROM chunk_vectors WHERE rowid = ?", (rowid,))
+                    vec_changed = True
+                existing[p["id"]] = (rowid, p["digest"], p["fts_key"], 1 if p["vec"] is not None else 0)
+                report.written += 1
+            if vec_changed:
+                self._bump_vec_gen(conn)
+        return report
+
+    @staticmethod
+    def _insert_fts(conn: sqlite3.Connection, rowid: int, p: dict[str, Any]) -> None:
+        conn.execute("INSERT INTO chunks_fts (rowid, symbol, signature, content, path) VALUES (?, ?, ?, ?, ?)",
+                     (rowid, _fts_text(p["text"][0]), _fts_text(p["text"][1]), _fts_text(p["text"][2]),
+                      _fts_text(p["text"][3])))
+
+    @staticmethod
+    def _bump_vec_gen(conn: sqlite3.Connection) -> None:
+        conn.execute("UPDATE scopekb_meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) WHERE key = 'vec_gen'")
+
+    def _prepare(self, d: dict[str, Any]) -> dict[str, Any]:
+        """Validate one document like the strict OpenSearch mapping and compute its row values."""
+        doc_id = d.get("_id")
+        if not isinstance(doc_id, str) or not doc_id:
+            raise _Rejected("document has no _id")
+        unknown = sorted(k for k in d if k != "_id" and k not in _KNOWN)
+        if unknown:
+            raise _Rejected(f"strict mapping: unknown field(s) {', '.join(unknown)}")
+        out: dict[str, Any] = {"id": doc_id}
+        for k in _KEYWORD:
+            v = d.get(k)
+            if v is not None and not isinstance(v, str | int | float | bool):
+                raise _Rejected(f"field {k} must be a string, got {type(v).__name__}")
+            out[k] = None if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
+        texts = []
+        for k in (F.SYMBOL, F.SIGNATURE, F.CONTENT):
+            v = d.get(k)
+            if v is not None and not isinstance(v, str | int | float):
+                raise _Rejected(f"field {k} must be text, got {type(v).__name__}")
+            texts.append(v)
+        texts.append(out[F.PATH])
+        for k in _INT:
+            v = d.get(k)
+            if v is None:
+                out[k] = None
+                continue
+            try:
+                if isinstance(v, bool):
+                    raise TypeError
+                out[k] = int(v)  # like OpenSearch's coercion: "3" -> 3, 3.7 -> 3
+            except (TypeError, ValueError):
+                raise _Rejected(f"field {k} must be an integer, got {v!r}") from None
+        meta = d.get(F.METADATA)
+        if meta is not None and not isinstance(meta, dict):
+            raise _Rejected(f"field {F.METADATA} must be an object, got {type(meta).__name__}")
+        when = d.get(F.INDEXED_AT)
+        if when is not None:
+            try:
+                if isinstance(when, bool) or not isinstance(when, str | int):
+                    raise TypeError
+                if isinstance(when, str):
+                    datetime.fromisoformat(when)
+            except (TypeError, ValueError):
+                raise _Rejected(f"field {F.INDEXED_AT} must be an ISO date-time or epoch millis, got {when!r}") \
+                    from None
+        vec = d.get(F.EMBEDDING)
+        out["vec"] = None if vec is None else self._vector_blob(vec)
+        stored = {k: v for k, v in d.items() if k not in ("_id", F.EMBEDDING)}
+        try:
+            out["doc"] = json.dumps(stored, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise _Rejected(f"document is not JSON: {e}") from None
+        out["text"] = texts
+        fk = hashlib.sha1(usedforsecurity=False)
+        for t in texts:
+            fk.update(b"\x00" if t is None else b"\x01" + str(t).encode("utf-8", "surrogatepass") + b"\x02")
+        out["fts_key"] = fk.hexdigest()
+        h = hashlib.sha1(out["doc"].encode("utf-8", "surrogatepass"), usedforsecurity=False)
+        if out["vec"] is not None:
+            h.update(out["vec"])
+        out["digest"] = h.hexdigest()
+        return out
+
+    def _vector_blob(self, vec: Any) -> bytes:
+        if not self.dimension:
+            raise _Rejected(f"strict mapping: unknown field {F.EMBEDDING} (this index is keyword-only)")
+        try:
+            arr = np.asarray(vec, dtype="<f4")
+        except (TypeError, ValueError):
+            raise _Rejected(f"field {F.EMBEDDING} must be a list of numbers") from None
+        if arr.ndim != 1 or arr.shape[0] != self.dimension:
+            given = arr.shape[0] if arr.ndim == 1 else "a nested list"
+            raise _Rejected(f"Vector dimension mismatch. Expected: {self.dimension}, Given: {given}")
+        if not np.all(np.isfinite(arr)):
+            raise _Rejected(f"field {F.EMBEDDING} has a NaN or infinite value")
+        if not np.any(arr):
+            raise _Rejected(f"field {F.EMBEDDING} is a zero vector (no cosine similarity)")
+        return arr.tobytes()
+
+    def delete_path(self, scope_agent: str, scope_context: str, source_id: str, path: str,
+                    keep_ids: Sequence[str] = ()) -> int:
+        """Delete a document's chunks for one scope and source, except ``keep_ids``. Returns chunks deleted."""
+        where = "agent_name = ? AND context_id = ? AND source_id = ? AND path = ?"
+        args: list[Any] = [scope_agent, scope_context, source_id, path]
+        return self._delete(where, args, keep_ids)
+
+    def delete_source(self, source_id: str, paths: Sequence[str] | None = None) -> int:
+        """Delete every chunk of a source (all its scopes), or only those of ``paths``. Returns chunks deleted."""
+        if paths is None:
+            return self._delete("source_id = ?", [source_id])
+        total = 0
+        paths = list(paths)
+        for i in range(0, len(paths), 500):
+            part = paths[i:i + 500]
+            total += self._delete(f"source_id = ? AND path IN ({','.join('?' * len(part))})", [source_id, *part])
+        return total
+
+    def _delete(self, where: str, args: list[Any], keep_ids: Sequence[str] = ()) -> int:
+        with self._db.write() as conn:
+            if not self._readable(conn):
+                return 0
+            rows = conn.execute(f"SELECT rowid, id, has_vec FROM chunks WHERE {where}", args).fetchall()
+            keep = set(keep_ids)
+            gone = [(r[0],) for r in rows if r[1] not in keep]
+            if not gone:
+                return 0
+            conn.executemany("DELETE FROM chunks WHERE rowid = ?", gone)
+            conn.executemany("DELETE FROM chunk_docs WHERE rowid = ?", gone)
+            conn.executemany("DELETE FROM chunks_fts WHERE rowid = ?", gone)
+            if any(r[2] for r in rows if r[1] not in keep):
+                conn.executemany("DELETE FROM chunk_vectors WHERE rowid = ?", gone)
+                self._bump_vec_gen(conn)
+            return len(gone)
+
+    # ---- reads -----------------------------------------------------------------------------------------------
+
+    def indexed_paths(self, source_id: str, agent_name: str | None = None,
+                      context_id: str | None = None) -> set[str]:
+        """Every path that has chunks for a source (optionally one scope)."""
+        where, args = ["source_id = ?"], [source_id]
+        if agent_name is not None:
+            where.append("agent_name = ?")
+            args.append(agent_name)
+        if context_id is not None:
+            where.append("context_id = ?")
+            args.append(context_id)
+        with self._db.read() as conn:
+            if not self._readable(conn):
+                return set()
+            rows = conn.execute(f"SELECT DISTINCT path FROM chunks WHERE {' AND '.join(where)}", args).fetchall()
+        return {r[0] for r in rows if r[0] is not None}
+
+    def source_stats(self, source_id: str) -> dict[str, int]:
+        """``{"documents": distinct paths, "chunks": chunk count}`` for one source."""
+        with self._db.read() as conn:
+            if not self._readable(conn):
+                return {"documents": 0, "chunks": 0}
+            docs, chunks = conn.execute("SELECT COUNT(DISTINCT path), COUNT(*) FROM chunks WHERE source_id = ?",
+                                        (source_id,)).fetchone()
+        return {"documents": int(docs), "chunks": int(chunks)}
+
+    def count(self, flt: SearchFilter | None = None) -> int:
+        """Number of chunks matching ``flt`` (all chunks when None)."""
+        where, args = _filter_sql(flt) if flt is not None else ("1", [])
+        with self._db.read() as conn:
+            if not self._readable(conn):
+                return 0
+            return int(conn.execute(f"SELECT COUNT(*) FROM chunks c WHERE {where}", args).fetchone()[0])
+
+    def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0) -> list[RawHit]:
+        """BM25 (FTS5) over symbol×5, signature×3, content×1 and path×2 within ``flt``.
+
+        Query identifiers are kept whole and any of them may match (OR). Returns ``(doc id, raw score > 0, stored
+        fields)`` best first; ties are broken by content_sha, chunk_index, then id, so pages are stable. A query
+        with no identifier in it matches nothing.
+        """
+        terms = list(dict.fromkeys(query_tokens(query)))
+        if not terms or size <= 0:
+            return []
+        match = " OR ".join(f'"{t}"' for t in terms)
+        where, args = _filter_sql(flt)
+        weights = ", ".join(str(w) for w in BM25_WEIGHTS)
+        # rank on the slim rows first, then read the stored fields of the page only
+        sql = ("SELECT t.id, t.score, d.doc FROM ("
+               f"SELECT c.rowid AS rid, c.id AS id, -bm25(chunks_fts, {weights}) AS score, c.content_sha AS cs,"
+               " c.chunk_index AS ci FROM chunks_fts JOIN chunks c ON c.rowid = chunks_fts.rowid"
+               f" WHERE chunks_fts MATCH ? AND {where} ORDER BY score DESC, cs, ci, id LIMIT ? OFFSET ?"
+               ") t JOIN chunk_docs d ON d.rowid = t.rid ORDER BY t.score DESC, t.cs, t.ci, t.id")
+        with self._db.read() as conn:
+            if not self._readable(conn):
+                return []
+            rows = conn.execute(sql, [match, *args, size, max(0, offset)]).fetchall()
+        return [(r[0], float(r[1]), json.loads(r[2])) for r in rows]
+
+    def vector_search(self, vector: Sequence[float], flt: SearchFilter, k: int) -> list[RawHit]:
+        """Exact cosine kNN within ``flt``: the ``k`` nearest matching chunks (all of them when fewer match).
+
+        Scores are ``(1 + cos) / 2`` in [0, 1] like the lucene ``cosinesimil`` space; ties are broken by insertion
+        order. Keyword-only index: ``[]``.
+
+        Raises:
+            ValueError: ``vector`` does not have :attr:`dimension` finite values, or is all zeros.
+        """
+        if not self.dimension or k <= 0:
+            return []
+        q = np.asarray(vector, dtype=np.float32)
+        if q.ndim != 1 or q.shape[0] != self.dimension:
+            raise ValueError(f"query vector has dimension {q.shape[0] if q.ndim == 1 else q.shape}; the index has "
+                             f"{self.dimension}")
+        norm = float(np.linalg.norm(q))
+        if not math.isfinite(norm) or norm == 0.0:
+            raise ValueError("query vector must be finite and not all zeros")
+        q = q / norm
+        where, args = _filter_sql(flt)
+        with self._db.read() as conn:
+            if not self._readable(conn):
+                return []
+            rowids = np.sort(np.fromiter((r[0] for r in conn.execute(
+                f"SELECT c.rowid FROM chunks c WHERE c.has_vec = 1 AND {where}", args)), dtype=np.int64))
+            if rowids.size == 0:
+                return []
+            gen = int(conn.execute("SELECT value FROM scopekb_meta WHERE key = 'vec_gen'").fetchone()[0])
+            cache = self._vec_cache
+            if (cache is None or cache[0] != gen) and rowids.size <= _DIRECT_READ_MAX:
+                rowids, mat = self._read_vectors(conn, rowids)
+                sims = mat @ q
+            else:
+                if cache is None or cache[0] != gen:
+                    cache = self._load_cache(conn, gen)
+                if cache[1].size == 0:
+                    return []
+                # score every cached vector (one matrix-vector product), then pick the filtered rows' scores
+                pos = np.minimum(np.searchsorted(cache[1], rowids), cache[1].size - 1)
+                present = cache[1][pos] == rowids
+                rowids, sims = rowids[present], (cache[2] @ q)[pos[present]]
+            if rowids.size == 0:
+                return []
+            scores = np.clip((1.0 + sims.astype(np.float64)) / 2.0, 0.0, 1.0)
+            n = min(k, scores.size)
+            if n < scores.size:
+                top = np.argpartition(-scores, n - 1)[:n]
+                # include every row tied with the k-th score so the stable tie-break below decides, not argpartition
+                kth = scores[top].min()
+                top = np.flatnonzero(scores >= kth)
+            else:
+                top = np.arange(scores.size)
+            order = top[np.lexsort((rowids[top], -scores[top]))][:n]
+            chosen = rowids[order]
+            docs = {r[0]: (r[1], r[2]) for r in conn.execute(
+                "SELECT c.rowid, c.id, d.doc FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid"
+                f" WHERE c.rowid IN ({','.join('?' * len(chosen))})", [int(x) for x in chosen])}
+        return [(docs[int(rid)][0], float(scores[i]), json.loads(docs[int(rid)][1]))
+                for rid, i in zip(chosen, order, strict=True)]
+
+    def _read_vectors(self, conn: sqlite3.Connection, rowids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(rowids that have a vector of this dimension, their unit vectors as an (n, dimension) matrix)``."""
+        dim = self.dimension or 0
+        found: dict[int, bytes] = {}
+        ids = rowids.tolist()
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            found.update(conn.execute(
+                "SELECT rowid, embedding FROM chunk_vectors WHERE length(embedding) = ? AND rowid IN "
+                f"({','.join('?' * len(part))})", [4 * dim, *part]).fetchall())
+        keep = [r for r in ids if r in found]
+        return np.asarray(keep, dtype=np.int64), _unit_rows(b"".join(found[r] for r in keep), len(keep), dim)
+
+    def _load_cache(self, conn: sqlite3.Connection, gen: int) -> tuple[int, np.ndarray, np.ndarray]:
+        with self._cache_lock:
+            cache = self._vec_cache
+            if cache is not None and cache[0] == gen:
+                return cache
+            dim = self.dimension or 0
+            rows = conn.execute("SELECT rowid, embedding FROM chunk_vectors WHERE length(embedding) = ?"
+                                " ORDER BY rowid", (4 * dim,)).fetchall()
+            ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            mat = _unit_rows(b"".join(r[1] for r in rows), len(rows), dim)
+            del rows
+            self._vec_cache = cache = (gen, ids, mat)
+            return cache
+
+
+def _unit_rows(buf: bytes, n: int, dim: int) -> np.ndarray:
+    """``n`` little-endian float32 vectors of ``dim`` values packed in ``buf`` as unit rows of an (n, dim) matrix."""
+    mat = np.frombuffer(buf, dtype="<f4").reshape(n, dim).astype(np.float32)
+    norms = np.linalg.norm(mat, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return mat / norms
+
+
+def _filter_sql(flt: SearchFilter) -> tuple[str, list[Any]]:
+    """SQL ``WHERE`` text over table alias ``c`` and its parameters for every filter of a search."""
+    where = ["c.agent_name = ?"]
+    args: list[Any] = [flt.scope.agent_name]
+    if flt.scope.context_ids is not None:
+        if not flt.scope.context_ids:
+            return "0", []
+        where.append(f"c.context_id IN ({','.join('?' * len(flt.scope.context_ids))})")
+        args.extend(flt.scope.context_ids)
+    if flt.source_id:
+        where.append("c.source_id = ?")
+        args.append(flt.source_id)
+    if flt.repo:
+        where.append("c.repo = ?")
+        args.append(flt.repo)
+    if flt.ref:
+        where.append("c.ref = ?")
+        args.append(flt.ref.removeprefix("refs/heads/"))
+    if flt.languages:
+        where.append(f"c.language IN ({','.join('?' * len(flt.languages))})")
+        args.extend(flt.languages)
+    if flt.file_patterns:
+        where.append("(" + " OR ".join("scopekb_glob(c.path, ?)" for _ in flt.file_patterns) + ")")
+        args.extend(flt.file_patterns)
+    return " AND ".join(where), args
+
+
+# ---- record store -----------------------------------------------------------------------------------------------
+
+
+class SqliteRecordStore(RecordStore):
+    """Small JSON records by kind (``sources``, ``jobs``, ``state``, ``keys``) in one SQLite table.
+
+    Semantics of :class:`scopekb.stores.records.OpenSearchRecordStore`: ``put`` replaces, ``get`` returns the
+    document or None, ``delete`` says whether it existed, ``find`` matches fields equal to a value or lists
+    containing it and sorts newest first. Every write is visible to the next read at once (``wait`` is moot).
+
+    Args:
+        path: database file (created with its parent folders); may be the file of a :class:`SqliteChunkStore`.
+    """
+
+    _DDL = ("CREATE TABLE IF NOT EXISTS scopekb_records (kind TEXT NOT NULL, id TEXT NOT NULL, doc TEXT NOT NULL,"
+            " PRIMARY KEY (kind, id))")
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._db = _Connections(self.path)
+        self._ready = False
+
+    def ensure(self, kind: str) -> None:
+        """Create the records table if missing (one table holds every kind; idempotent)."""
+        if self._ready:
+            return
+        with self._db.write() as conn:
+            conn.execute(self._DDL)
+        self._ready = True
+
+    def put(self, kind: str, rec_id: str, doc: dict[str, Any], wait: bool = True) -> None:
+        """Create or replace a record (a JSON-able dict).
+
+        Raises:
+            TypeError, ValueError: ``doc`` is not JSON-serialisable.
+        """
+        self.ensure(kind)
+        text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+        with self._db.write() as conn:
+            conn.execute("INSERT OR REPLACE INTO scopekb_records (kind, id, doc) VALUES (?, ?, ?)",
+                         (kind, rec_id, text))
+
+    def get(self, kind: str, rec_id: str) -> dict[str, Any] | None:
+        """A record by id, or None."""
+        self.ensure(kind)
+        with self._db.read() as conn:
+            row = conn.execute("SELECT doc FROM scopekb_records WHERE kind = ? AND id = ?", (kind, rec_id)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def delete(self, kind: str, rec_id: str) -> bool:
+        """Delete a record; True when it existed."""
+        self.ensure(kind)
+        with self._db.write() as conn:
+            cur = conn.execute("DELETE FROM scopekb_records WHERE kind = ? AND id = ?", (kind, rec_id))
+            return cur.rowcount > 0
+
+    def find(self, kind: str, size: int = 1000, sort: str | None = None, **terms: Any) -> list[dict[str, Any]]:
+        """Records whose fields equal ``terms`` (all must match; None values are ignored; a list field matches
+        when it contains the value), sorted by ``sort`` descending (missing values last, then by id), at most
+        ``size``. Date strings sort by instant."""
+        self.ensure(kind)
+        where, args = ["kind = ?"], [kind]
+        for name, value in terms.items():
+            if value is None:
+                continue
+            if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+                return []
+            where.append(f"EXISTS (SELECT 1 FROM json_each(doc, '$.{name}') WHERE json_each.value = ?)")
+            args.append(_json_scalar(value))
+        with self._db.read() as conn:
+            rows = conn.execute(f"SELECT id, doc FROM scopekb_records WHERE {' AND '.join(where)} ORDER BY id",
+                                args).fetchall()
+        docs = [(rid, json.loads(text)) for rid, text in rows]
+        if sort:
+            present = [(rid, d) for rid, d in docs if d.get(sort) is not None]
+            missing = [(rid, d) for rid, d in docs if d.get(sort) is None]
+            present.sort(key=lambda t: (_sort_key(t[1][sort]), t[0]), reverse=True)
+            docs = present + missing
+        return [d for _, d in docs[:max(0, size)]]
+
+
+def _json_scalar(value: Any) -> Any:
+    if isinstance(value, bool):
+        return 1 if value else 0
+    if isinstance(value, int | float | str):
+        return value
+    return str(value)
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    if isinstance(value, str):
+        try:
+            return (1, datetime.fromisoformat(value).timestamp())
+        except ValueError:
+            return (2, value)
+    if isinstance(value, bool | int | float):
+        return (0, float(value))
+    return (3, json.dumps(value, sort_keys=True))
