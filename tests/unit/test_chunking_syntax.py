@@ -311,3 +311,14 @@ def test_deterministic() -> None:
     text = _big_class(20)
     cfg = ChunkingSettings(max_tokens=100, context_reserve_tokens=16)
     assert chunk_document("a.py", text, "python", cfg) == chunk_document("a.py", text, "python", cfg)
+
+
+def test_without_tree_sitter_everything_is_line_chunked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tree_sitter", None)  # "import tree_sitter" now raises ImportError
+    monkeypatch.setattr(syntax, "_languages", {})
+    monkeypatch.setattr(syntax, "_local", type(syntax._local)())
+    chunks, report = run("a.go", "package main\n\nfunc main() {}\n", "go", CFG)
+    assert report.fallback == "no_grammar" and chunks[0].kind == "lines"
+    assert syntax.available_languages() == []

@@ -265,6 +265,7 @@ class SyntaxChunker:
 
     # -- tree helpers --------------------------------------------------------------------------------------
     def text(self, node: Any) -> str:
+        """Source text of a node (UTF-8, undecodable bytes replaced)."""
         return self.data[node.start_byte:node.end_byte].decode("utf-8", errors="replace")
 
     @staticmethod
@@ -277,6 +278,7 @@ class SyntaxChunker:
 
     @staticmethod
     def body(node: Any) -> Any | None:
+        """The node's body (field ``body``, else its first child of a known body type), or None."""
         b = node.child_by_field_name("body")
         if b is not None:
             return b
@@ -286,6 +288,7 @@ class SyntaxChunker:
         return None
 
     def is_transparent(self, node: Any) -> bool:
+        """Whether a node's children are chunked as if they were on the node's own level."""
         t = node.type
         if t not in TRANSPARENT:
             return False
@@ -297,6 +300,7 @@ class SyntaxChunker:
         return True
 
     def transparent_children(self, node: Any) -> list[Any]:
+        """Children of a transparent node to chunk (a namespace's body, a conditional's branches)."""
         if node.type in ("namespace_definition", "namespace_declaration", "internal_module", "module",
                          "linkage_specification"):
             b = self.body(node)
@@ -304,6 +308,8 @@ class SyntaxChunker:
         return list(node.children)
 
     def name_of(self, node: Any) -> str | None:
+        """A definition's name: field ``name``, or per language (Go receiver ``Type.Method``, Rust impl type,
+        C/C++ declarator such as ``ns::f`` or ``operator==``, Kotlin companion ``Companion``); None if unnamed."""
         t = node.type
         if t == "method_declaration" and self.language == "go":
             name = node.child_by_field_name("name")
@@ -422,10 +428,12 @@ class SyntaxChunker:
 
     @staticmethod
     def is_comment(node: Any) -> bool:
+        """Comments, Rust attributes and decorators: attached to the definition below them."""
         return "comment" in node.type or node.type in ("attribute_item", "decorator")
 
     # -- chunking ------------------------------------------------------------------------------------------
     def run(self, root: Any) -> list[Piece]:
+        """Pieces for the whole tree, covering rows 0..n-1."""
         return self.region(list(root.children), 0, self.doc.n - 1, _Ctx())
 
     def region(self, nodes: list[Any], lo: int, hi: int, ctx: _Ctx) -> list[Piece]:
@@ -486,6 +494,8 @@ class SyntaxChunker:
         return out
 
     def definition(self, d: Def, s: int, e: int, ctx: _Ctx) -> list[Piece]:
+        """Pieces of one definition on rows s..e: one piece when it fits, else its members (containers) or
+        statement-boundary parts (everything else)."""
         doc = self.doc
         kind = "method" if d.kind in _FUNC_KINDS and ctx.parent_kind in CONTAINER_KINDS else d.kind
         symbol = d.name if not ctx.prefix else f"{ctx.prefix}.{d.name or '?'}"
