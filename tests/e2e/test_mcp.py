@@ -1,0 +1,210 @@
+"""MCP on the running query service (issue 8): an ``mcp`` SDK client over streamable HTTP and over stdio.
+
+A tiny git repository is built in the test and registered as a local-path source; the MCP ``index`` tool queues
+its sync, the real worker indexes it, and ``search`` finds the function by name at the right path and lines.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult
+
+from .conftest import ADMIN_TOKEN, ROOT, Stack
+
+pytestmark = pytest.mark.e2e
+
+RUN = uuid.uuid4().hex[:6]
+AGENT, OTHER = f"mcp-agent-{RUN}", f"mcp-other-{RUN}"
+FUNC = f"reticulate_splines_{RUN}"
+OTHER_FUNC = f"other_agents_secret_{RUN}"
+
+WIDGETS = f'''"""Widgets."""
+
+
+def helper(x):
+    return x + 1
+
+
+def {FUNC}(count, *, verbose=False):
+    """Reticulate the given number of splines."""
+    total = 0
+    for i in range(count):
+        total += helper(i)
+    return total
+'''
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
+def _make_repo(path: Path, files: dict[str, str]) -> Path:
+    path.mkdir(parents=True)
+    _git(path, "init", "-q", "-b", "main")
+    for rel, text in files.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_text(text)
+    _git(path, "add", "-A")
+    _git(path, "commit", "-q", "-m", "init")
+    return path
+
+
+def _text(result: CallToolResult) -> str:
+    return "\n".join(c.text for c in result.content if getattr(c, "type", None) == "text")
+
+
+async def _http_session(stack: Stack, key: str, calls: list[tuple[str, dict[str, Any]]]
+                        ) -> tuple[list[str], list[CallToolResult]]:
+    """Connect with the SDK client, list tools, run ``calls`` in order; (tool names, results)."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as hc:
+        async with streamable_http_client(stack.query_url + "/mcp", http_client=hc) as (rs, ws):
+            async with ClientSession(rs, ws) as session:
+                await session.initialize()
+                tools = await session.list_tools()
+                results = [await session.call_tool(name, args) for name, args in calls]
+    return [t.name for t in tools.tools], results
+
+
+@pytest.fixture(scope="module")
+def mcp_world(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two agents' sources (one repo each) and keys; nothing indexed yet."""
+    base = tmp_path_factory.mktemp("mcp-repos")
+    mine = _make_repo(base / "mine", {"pkg/widgets.py": WIDGETS, "README.md": "# Widgets\n\nSplines.\n"})
+    theirs = _make_repo(base / "theirs", {"secret.py": f"def {OTHER_FUNC}():\n    return 42\n"})
+    with stack.admin() as admin:
+        srcs = {}
+        for agent, repo in ((AGENT, mine), (OTHER, theirs)):
+            r = admin.post("/v1/sources", json={"agent_name": agent, "context_id": "ctx-1", "repo_url": str(repo),
+                                                "ref": "main", "repo_name": f"local/{agent}"})
+            assert r.status_code == 201, r.text
+            srcs[agent] = r.json()["id"]
+        keys = {}
+        for name, body in {"mine": {"agent_name": AGENT, "context_ids": ["ctx-1"]},
+                           "other": {"agent_name": OTHER, "context_ids": ["ctx-1"]},
+                           "mine-ctx2": {"agent_name": AGENT, "context_ids": ["ctx-2"]},
+                           "revoked": {"agent_name": AGENT}}.items():
+            r = admin.post("/v1/keys", json=body)
+            assert r.status_code == 201, r.text
+            keys[name] = r.json()["key"]
+            if name == "revoked":
+                assert admin.delete(f"/v1/keys/{r.json()['id']}").status_code == 200
+    return {"sources": srcs, "keys": keys}
+
+
+def test_mcp_http_lists_tools_indexes_and_searches(stack: Stack, mcp_world: dict[str, Any]) -> None:
+    keys, srcs = mcp_world["keys"], mcp_world["sources"]
+    names, (idx, other_idx) = anyio.run(_http_session, stack, keys["mine"], [
+        ("index", {"source_id": srcs[AGENT]}), ("index", {"source_id": srcs[OTHER]})])
+    assert sorted(names) == ["index", "search", "status"]
+    assert not idx.is_error, _text(idx)
+    job_id = _text(idx).rsplit("Job id: ", 1)[1].strip()
+    # Another agent's source: refused, and the answer does not reveal that it exists.
+    assert other_idx.is_error and "not found for this key" in _text(other_idx)
+
+    _, (their_idx,) = anyio.run(_http_session, stack, keys["other"], [("index", {"source_id": srcs[OTHER]})])
+    assert not their_idx.is_error, _text(their_idx)
+    job = stack.wait_job(job_id, timeout_s=120)
+    assert job["state"] == "done" and job["files_indexed"] >= 2, job
+    job = stack.wait_job(_text(their_idx).rsplit("Job id: ", 1)[1].strip(), timeout_s=120)
+    assert job["state"] == "done" and job["files_indexed"] == 1, job
+
+    _, (hit, py_only, md_only, nothing, status, bad_ctx, bad_args) = anyio.run(
+        _http_session, stack, keys["mine"], [
+            ("search", {"query": FUNC}),
+            ("search", {"query": FUNC, "file_patterns": ["*.py"], "max_results": 1}),
+            ("search", {"query": FUNC, "languages": ["markdown"]}),
+            ("search", {"query": OTHER_FUNC, "cross_context": True}),
+            ("status", {}),
+            ("search", {"query": FUNC, "context_id": "ctx-2"}),
+            ("search", {"query": "   "}),
+        ])
+    text = _text(hit)
+    assert not hit.is_error
+    first_line = text.splitlines()[0]
+    start = WIDGETS.splitlines().index(f"def {FUNC}(count, *, verbose=False):") + 1
+    assert first_line.startswith("[1] pkg/widgets.py:"), text
+    lo, hi = (int(x) for x in first_line.split(":", 1)[1].split(" ", 1)[0].split("-"))
+    assert lo <= start <= hi
+    assert "<<<chunk\n" in text and f"def {FUNC}" in text and "chunk>>>" in text
+    assert text.index("pkg/widgets.py") < text.index(f"def {FUNC}"), "the source is named before the content"
+    assert _text(py_only).count("[") >= 1 and "[2]" not in _text(py_only)
+    assert _text(md_only).startswith("No results") or "pkg/widgets.py" not in _text(md_only)
+    # The other agent's marker is invisible even with cross_context.
+    assert not nothing.is_error and _text(nothing) == f"No results for {OTHER_FUNC!r}."
+    st = _text(status)
+    assert srcs[AGENT] in st and "READY" in st and srcs[OTHER] not in st
+    assert bad_ctx.is_error and "not allowed" in _text(bad_ctx)
+    assert bad_args.is_error and "query" in _text(bad_args)
+
+    # The other agent's key sees its own marker and none of ours.
+    _, (theirs, ours) = anyio.run(_http_session, stack, keys["other"], [
+        ("search", {"query": OTHER_FUNC}), ("search", {"query": FUNC, "cross_context": True})])
+    assert _text(theirs).startswith("[1] secret.py:1-2 (score 1.00)"), _text(theirs)
+    assert _text(ours) == f"No results for {FUNC!r}."
+
+
+@pytest.mark.parametrize("auth", [None, "Bearer nope", "Bearer " + ADMIN_TOKEN, "Basic abc", "revoked"])
+def test_mcp_http_refuses_bad_keys(stack: Stack, mcp_world: dict[str, Any], auth: str | None) -> None:
+    if auth == "revoked":
+        auth = "Bearer " + mcp_world["keys"]["revoked"]
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    if auth:
+        headers["Authorization"] = auth
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    r = httpx.post(stack.query_url + "/mcp", json=body, headers=headers, timeout=30)
+    assert r.status_code == 401, r.text
+    assert r.headers["www-authenticate"].startswith("Bearer")
+
+    async def connect() -> None:
+        async with httpx2.AsyncClient(headers={"Authorization": auth} if auth else {}, timeout=30) as hc:
+            async with streamable_http_client(stack.query_url + "/mcp", http_client=hc) as (rs, ws):
+                async with ClientSession(rs, ws, read_timeout_seconds=20) as session:
+                    await session.initialize()
+
+    with pytest.raises(Exception):  # noqa: B017 - the SDK surfaces the 401 as a transport/MCP error
+        anyio.run(connect)
+
+
+def test_mcp_stdio_serves_the_same_tools(stack: Stack, mcp_world: dict[str, Any]) -> None:
+    key = mcp_world["keys"]["other"]
+    params = StdioServerParameters(
+        command=sys.executable, cwd=str(ROOT), env=stack.env,
+        args=["-c", "import sys; from scopekb_query.mcp_server import run_stdio; run_stdio(sys.argv[1])", key])
+
+    async def go() -> tuple[list[str], CallToolResult, CallToolResult]:
+        with open(stack.logs / "mcp-stdio.log", "w") as errlog:
+            async with stdio_client(params, errlog=errlog) as (rs, ws):
+                async with ClientSession(rs, ws, read_timeout_seconds=60) as session:
+                    await session.initialize()
+                    tools = await session.list_tools()
+                    st = await session.call_tool("status", {})
+                    refused = await session.call_tool("index", {"source_id": mcp_world["sources"][AGENT]})
+        return [t.name for t in tools.tools], st, refused
+
+    names, st, refused = anyio.run(go)
+    assert sorted(names) == ["index", "search", "status"]
+    assert mcp_world["sources"][OTHER] in _text(st) and mcp_world["sources"][AGENT] not in _text(st)
+    assert refused.is_error and "not found for this key" in _text(refused)
+
+
+def test_run_stdio_refuses_an_unknown_key(stack: Stack) -> None:
+    r = subprocess.run([sys.executable, "-c", "from scopekb_query.mcp_server import run_stdio; run_stdio('nope')"],
+                       env=stack.env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Unauthenticated" in r.stderr and r.stdout == ""
