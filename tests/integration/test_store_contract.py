@@ -127,8 +127,9 @@ def mkdoc(agent: str, ctx: str, source: str, path: str, content: str, *, chunk_i
     return d
 
 
-#: Scopes of the shared corpus; "Alpha" differs from "alpha" only in case. Marker n is unique to scope n.
-SCOPES = [("alpha", "c1"), ("alpha", "c2"), ("Alpha", "c1"), ("beta", "c1")]
+#: Scopes of the shared corpus; "Alpha" differs from "alpha" only in case; the last context has a space, a slash
+#: and a non-ASCII letter. Marker n is unique to scope n.
+SCOPES = [("alpha", "c1"), ("alpha", "c2"), ("Alpha", "c1"), ("beta", "c1"), ("gamma", "ctx ü/2")]
 COMMON = "zebracorn"
 
 
@@ -152,6 +153,7 @@ def scope_docs(n: int) -> list[dict[str, Any]]:
         ("tools/mysetup.py", f"my setup {COMMON} {m}", None, None),
         ("docs/guide.md", f"# Guide\nparse things {COMMON} {m}", None, None),
         ("README.md", f"readme {COMMON} {m}", None, None),
+        ("docs/Über uns.md", f"about us {COMMON} {m}", None, None),
     ]
     docs = [mkdoc(agent, ctx, src, p, c, symbol=s, signature=sig) for p, c, s, sig in main]
     docs.append(mkdoc(agent, ctx, dev, "src/pkg/timeutil.py", f"legacy parse helpers {COMMON} {m}",
@@ -256,7 +258,7 @@ def test_scope_isolation_keyword_and_vector(corpus: ChunkStore, n: int) -> None:
 
 
 def test_cross_context_stays_within_the_agent(corpus: ChunkStore) -> None:
-    for agent in ("alpha", "Alpha", "beta"):
+    for agent in ("alpha", "Alpha", "beta", "gamma"):
         want = {d["_id"] for d in CORPUS if d[F.AGENT_NAME] == agent}
         assert {h[0] for h in corpus.keyword_search(COMMON, flt(scope(agent=agent, contexts=None)), 100)} == want
         vec = doc_of(3 if agent != "beta" else 0, "README.md")[F.EMBEDDING]
@@ -287,7 +289,7 @@ def test_run_search_respects_scope_in_every_mode(corpus: ChunkStore) -> None:
 # ---------------------------------------------------------------------------------------------- filters
 
 _MAIN = {"src/pkg/timeutil.py", "src/pkg/a.py", "src/pkg/data.py", "src/upload/retry.go", "setup.py",
-         "tools/setup.py", "tools/mysetup.py", "docs/guide.md", "README.md"}
+         "tools/setup.py", "tools/mysetup.py", "docs/guide.md", "README.md", "docs/Über uns.md"}
 _DEV = {"src/pkg/timeutil.py", "lib/other.rs"}
 
 
@@ -301,13 +303,16 @@ FILTER_CASES: list[tuple[str, dict[str, Any], set[tuple[str, str]], str | None]]
     ("ref", {"ref": "dev"}, _k(dev=_DEV), None),
     ("ref-prefixed", {"ref": "refs/heads/main"}, _k(*_MAIN), None),
     ("language", {"languages": ("go",)}, _k("src/upload/retry.go"), None),
-    ("languages", {"languages": ("markdown", "rust")}, _k("docs/guide.md", "README.md", dev=["lib/other.rs"]), None),
+    ("languages", {"languages": ("markdown", "rust")},
+     _k("docs/guide.md", "README.md", "docs/Über uns.md", dev=["lib/other.rs"]), None),
     ("ext-glob", {"file_patterns": ("*.py",)},
      _k(*(p for p in _MAIN if p.endswith(".py")), dev=["src/pkg/timeutil.py"]), None),
     ("deep-glob", {"file_patterns": ("src/**/*.py",)},
      _k("src/pkg/timeutil.py", "src/pkg/a.py", "src/pkg/data.py", dev=["src/pkg/timeutil.py"]), None),
-    ("folder-glob", {"file_patterns": ("docs/*",)}, _k("docs/guide.md"), None),
-    ("any-folder-glob", {"file_patterns": ("**/*.md",)}, _k("docs/guide.md", "README.md"), None),
+    ("folder-glob", {"file_patterns": ("docs/*",)}, _k("docs/guide.md", "docs/Über uns.md"), None),
+    ("any-folder-glob", {"file_patterns": ("**/*.md",)}, _k("docs/guide.md", "README.md", "docs/Über uns.md"), None),
+    ("unicode-name", {"file_patterns": ("Über uns.md",)}, _k("docs/Über uns.md"), None),
+    ("question-mark", {"file_patterns": ("docs/?ber uns.md",)}, _k("docs/Über uns.md"), None),
     ("two-globs", {"file_patterns": ("*.go", "*.rs")}, _k("src/upload/retry.go", dev=["lib/other.rs"]), None),
     ("exact-path", {"file_patterns": ("src/upload/retry.go",)}, _k("src/upload/retry.go"), None),
     ("glob-case", {"file_patterns": ("README.MD",)}, set(), None),
@@ -349,15 +354,43 @@ def test_keyword_mode_scores_min_score_and_caps(corpus: ChunkStore) -> None:
     assert_scores(resp)
     assert resp.hits[0].score == 1.0 and len(resp.hits) >= 5
     assert min(h.score for h in resp.hits) < 1.0
-    cut = resp.hits[2].score
+    # a min_score between two shown scores keeps exactly the hits above it
+    i = next(i for i in range(1, len(resp.hits)) if resp.hits[i].score < resp.hits[i - 1].score)
+    cut = (resp.hits[i].score + resp.hits[i - 1].score) / 2
     high = search(corpus, "parse setup", scope(0), max_results=50, min_score=cut)
-    assert [h.score for h in high.hits] == [h.score for h in resp.hits if h.score >= cut]
+    assert [h.score for h in high.hits] == [h.score for h in resp.hits[:i]]
     assert len(search(corpus, COMMON, scope(0), max_results=3).hits) == 3
     capped = search(corpus, COMMON, scope(0), cfg=QuerySettings(max_results_cap=4), max_results=100)
     assert len(capped.hits) == 4
     for q in ("nothingmatchesthis", "!!! ???", "zqx2marker"):  # unknown word, no identifier, another scope's marker
         empty = search(corpus, q, scope(0))
         assert empty.hits == [] and empty.query == q
+
+
+class _FixedStore:
+    """A ChunkStore stub with fixed raw BM25 scores, to pin run_search's score rounding."""
+
+    dimension = None
+
+    def __init__(self, raw: list[float]) -> None:
+        self.hits = [(f"id{n}", r, mkdoc("s", "c", "s", f"f{n}.py", f"text {n}", vector=None))
+                     for n, r in enumerate(raw)]
+
+    def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0) -> list[Any]:
+        return self.hits[offset:offset + size]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "search.py run_search compares min_score with the unrounded score but shows round(score, 6): a hit shown "
+    "as 0.673724 is dropped by min_score=0.673724 (raw 0.6737238); see the store-contract report"))
+def test_min_score_equal_to_a_shown_score_keeps_that_hit() -> None:
+    store = _FixedStore([1.0, 0.6737238])
+    shown = run_search(store, SearchRequest(query="text", max_results=5), scope(agent="s", contexts=None),
+                       QuerySettings())
+    assert [h.score for h in shown.hits] == [1.0, 0.673724]
+    again = run_search(store, SearchRequest(query="text", max_results=5, min_score=0.673724),
+                       scope(agent="s", contexts=None), QuerySettings())
+    assert [h.score for h in again.hits] == [1.0, 0.673724]
 
 
 def test_vector_mode_scores_and_exact_match(corpus: ChunkStore) -> None:
