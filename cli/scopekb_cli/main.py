@@ -65,6 +65,8 @@ def serve(service: Annotated[str, typer.Argument(help="ingester or query")],
     if service not in factories:
         raise CliError(f"unknown service {service!r}; choose ingester or query")
     target, default_port = factories[service]
+    if service == "query":
+        _check_index()
     uvicorn.run(target, factory=True, host=host, port=port or default_port, workers=workers,
                 log_level="warning", access_log=False)
 
@@ -74,6 +76,7 @@ def worker(concurrency: int = 2, loglevel: str = "INFO") -> None:
     """Run a Celery worker for sync tasks."""
     from scopekb_worker.app import app as celery_app
 
+    _check_index()
     celery_app.worker_main(["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}",
                             f"--queues={get_settings().worker.queue}",
                             "--without-gossip", "--without-mingle"])
@@ -85,6 +88,47 @@ def beat(loglevel: str = "INFO") -> None:
     from scopekb_worker.app import app as celery_app
 
     celery_app.start(["beat", f"--loglevel={loglevel}"])
+
+
+@app.command("reindex")
+def reindex_cmd(wait_s: Annotated[int, typer.Option(help="seconds to wait for running syncs")] = 600) -> None:
+    """Rebuild the chunk index for the configured mapping and embedding model, then swap the alias atomically.
+
+    Searches keep answering from the old index until the swap; syncs wait while the rebuild runs.
+    """
+    import time as _time
+
+    from scopekb.reindex import REINDEX_LOCK_KEY, reindex
+    from scopekb.runtime import redis_client
+
+    rt = _rt()
+    rds = redis_client(get_settings())
+    if not rds.set(REINDEX_LOCK_KEY, "1", nx=True, ex=6 * 3600):
+        raise CliError("a reindex is already running (Redis key scopekb:lock:reindex)")
+    try:
+        deadline = _time.monotonic() + wait_s
+        while any(True for _ in rds.scan_iter("scopekb:lock:repo:*", count=100)):
+            if _time.monotonic() > deadline:
+                raise CliError(f"syncs still running after {wait_s}s; try again later")
+            _time.sleep(1)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err) as bar:
+            task = bar.add_task("chunks copied", total=rt.chunks.count() or None)
+            rep = reindex(rt.chunks, rt.embedder, rt.embed_cache, get_settings().chunking, rt.counter,
+                          progress=lambda n: bar.update(task, completed=n))
+    finally:
+        rds.delete(REINDEX_LOCK_KEY)
+    out.print(f"alias {rt.chunks.alias}: {rep.old_index} -> {rep.new_index}; {rep.chunks} chunks, "
+              f"{rep.embeddings_computed} embeddings computed, {rep.embeddings_cached} cached, {rep.seconds}s")
+
+
+def _check_index() -> None:
+    """Refuse to start when the live index was built for another model or mapping (run `scopekb reindex`)."""
+    from scopekb.stores.base import StoreVersionMismatch
+
+    try:
+        _rt().chunks.ensure_index()
+    except StoreVersionMismatch as e:
+        raise CliError(str(e)) from None
 
 
 @app.command()

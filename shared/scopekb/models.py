@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
@@ -136,6 +136,8 @@ class SearchRequest(BaseModel):
 
     query: str = Field(min_length=1, max_length=4096)
     mode: SearchMode = SearchMode.keyword
+    fusion: Literal["weighted", "rrf"] = Field(
+        default="weighted", description="hybrid only: min-max 0.3/0.7 weighted sum, or Reciprocal Rank Fusion")
     max_results: int = Field(default=5, ge=1)
     min_score: float = Field(default=0.0, ge=0.0, le=1.0)
     context_id: str | None = None
@@ -180,6 +182,7 @@ class SearchResponse(BaseModel):
     mode: SearchMode
     hits: list[SearchHit]
     took_ms: float
+    notice: str | None = Field(default=None, description="set when the answer was degraded, e.g. keyword only")
 
 
 class JobState(StrEnum):

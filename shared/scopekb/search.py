@@ -13,7 +13,7 @@ from scopekb import fields as F
 from scopekb import scoring
 from scopekb.models import SearchHit, SearchMode, SearchRequest, SearchResponse
 from scopekb.settings import QuerySettings
-from scopekb.stores.base import ChunkStore, ScopeFilter, SearchFilter
+from scopekb.stores.base import ChunkStore, RawHit, ScopeFilter, SearchFilter, StoreVersionMismatch
 
 #: Turns a query text into a vector, or None in keyword-only mode.
 QueryEmbedder = Callable[[str], Sequence[float]]
@@ -39,26 +39,34 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
                        languages=tuple(req.languages), file_patterns=tuple(req.file_patterns))
     depth = max(size * cfg.candidate_factor, size)
     docs: dict[str, dict[str, Any]] = {}
-    if req.mode == SearchMode.keyword:
+    notice = None
+    if req.mode != SearchMode.keyword and (embed is None or not store.dimension):
+        raise SearchUnavailable(f"mode {req.mode.value!r} needs an embedding model; this index is "
+                                "keyword-only (use mode 'keyword')")
+    vh: list[RawHit] = []
+    if req.mode != SearchMode.keyword:
+        try:
+            vh = store.vector_search(embed(req.query), flt, depth if req.mode == SearchMode.hybrid else size)
+        except StoreVersionMismatch as e:  # the alias moved to another model mid-flight: answer by keyword
+            notice = f"vector search unavailable ({e}); answered by keyword"
+    if req.mode == SearchMode.keyword or notice:
         kw = store.keyword_search(req.query, flt, size)
         docs.update({i: d for i, _, d in kw})
         ranked = scoring.normalise_by_max([(i, s) for i, s, _ in kw])
     else:
-        if embed is None or not store.dimension:
-            raise SearchUnavailable(f"mode {req.mode.value!r} needs an embedding model; this index is "
-                                    "keyword-only (use mode 'keyword')")
-        vec = embed(req.query)
-        vh = store.vector_search(vec, flt, depth if req.mode == SearchMode.hybrid else size)
         docs.update({i: d for i, _, d in vh})
         if req.mode == SearchMode.vector:
             ranked = [(i, min(1.0, max(0.0, s))) for i, s, _ in vh]
         else:
             kw = store.keyword_search(req.query, flt, depth)
             docs.update({i: d for i, _, d in kw})
-            ranked = scoring.weighted_fusion([(i, s) for i, s, _ in kw], [(i, s) for i, s, _ in vh],
-                                             cfg.keyword_weight, cfg.vector_weight)
+            kw_list, vec_list = [(i, s) for i, s, _ in kw], [(i, s) for i, s, _ in vh]
+            if req.fusion == "rrf":
+                ranked = scoring.rrf_fusion(kw_list, vec_list)
+            else:
+                ranked = scoring.weighted_fusion(kw_list, vec_list, cfg.keyword_weight, cfg.vector_weight)
     hits = [_hit(docs[i], score) for i, score in ranked if score >= req.min_score][:size]
-    return SearchResponse(query=req.query, mode=req.mode, hits=hits,
+    return SearchResponse(query=req.query, mode=req.mode, hits=hits, notice=notice,
                           took_ms=round((time.perf_counter() - t0) * 1000, 2))
 
 

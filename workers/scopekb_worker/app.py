@@ -23,6 +23,7 @@ from scopekb.gitrepo import GitError
 from scopekb.indexing import SyncError, run_sync
 from scopekb.logging import bind_context, clear_context, configure_logging, get_logger
 from scopekb.models import DeadLetter, JobState
+from scopekb.reindex import REINDEX_LOCK_KEY
 from scopekb.runtime import Runtime, build_runtime, redis_client
 from scopekb.settings import get_settings
 
@@ -77,6 +78,9 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
     s = get_settings()
     rt = runtime()
     rds = redis_client(s)
+    if rds.exists(REINDEX_LOCK_KEY):  # the index is being rebuilt: wait, without spending a retry attempt
+        log.info("sync_deferred_for_reindex")
+        raise self.retry(countdown=30, max_retries=None)
     log.info("sync_started", source_ids=source_ids, after=after, branch_deleted=branch_deleted)
     lock_name = queue.LOCK_KEY.format(repo_hash=queue.repo_hash(",".join(sorted(source_ids))))
     try:

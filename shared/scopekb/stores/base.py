@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
+class StoreVersionMismatch(RuntimeError):
+    """The live index was built for another mapping version or embedding dimension than this process's."""
+
+
 @dataclass(frozen=True)
 class ScopeFilter:
     """The scope a read may see: one agent and either some of its contexts or all of them.

@@ -16,12 +16,12 @@ from opensearchpy.exceptions import NotFoundError, RequestError, TransportError
 from scopekb import fields as F
 from scopekb.logging import get_logger
 from scopekb.settings import OpenSearchSettings
-from scopekb.stores.base import BulkReport, RawHit, ScopeFilter, SearchFilter
+from scopekb.stores.base import BulkReport, RawHit, ScopeFilter, SearchFilter, StoreVersionMismatch
 
 log = get_logger(__name__)
 
 
-class IndexVersionMismatch(RuntimeError):
+class IndexVersionMismatch(StoreVersionMismatch):
     """The live index behind the alias was built for another mapping version or embedding dimension."""
 
 
@@ -320,4 +320,10 @@ class OpenSearchChunkStore:
             res = self.client.search(index=self.alias, body=body)
         except NotFoundError:
             return []
+        except RequestError as e:
+            if "dimension" in str(e.info).lower():
+                raise IndexVersionMismatch(
+                    f"the index behind {self.alias!r} was rebuilt for another embedding model; restart this "
+                    "process with the new model settings") from None
+            raise
         return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import sqlite3
 import threading
@@ -212,7 +213,8 @@ def _glob_match(path: str | None, glob: str) -> int:
 
 
 class _Connections:
-    """One SQLite connection per thread to one file, all closed by :meth:`close`."""
+    """One SQLite connection per thread (and per process: a forked child opens its own) to one file, all closed
+    by :meth:`close`."""
 
     def __init__(self, path: Path) -> None:
         if str(path) == ":memory:":
@@ -227,6 +229,8 @@ class _Connections:
 
     def get(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "pid", None) != os.getpid():
+            conn = None  # inherited through fork: never touch the parent's connection
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                                    check_same_thread=False)
@@ -235,7 +239,7 @@ class _Connections:
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA temp_store=MEMORY")
             conn.create_function("scopekb_glob", 2, _glob_match, deterministic=True)
-            self._local.conn = conn
+            self._local.conn, self._local.pid = conn, os.getpid()
             with self._guard:
                 self._all.append(conn)
         return conn

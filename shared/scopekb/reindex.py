@@ -1,0 +1,134 @@
+"""Rebuild the chunk index for a new mapping version or embedding model, then swap the alias atomically.
+
+The pypi/warehouse pattern (DESIGN §3, §12): create the new index with refresh off and no replicas, fill it with
+bulk requests, restore the settings, point the alias at it in one ``update_aliases`` call, drop the old index.
+Searches keep answering from the old index until the swap. Vectors come through the embedding cache, so an
+unchanged model re-embeds nothing; a new model embeds each distinct chunk text once.
+
+Syncs are held off while a reindex runs (a Redis key that the sync task checks), so no write lands in the old
+index after it has been copied.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from opensearchpy import OpenSearch, helpers
+
+from scopekb import fields as F
+from scopekb.chunking import TokenCounter, embedding_text
+from scopekb.embedding import Embedder, EmbeddingCache, embed_with_cache
+from scopekb.logging import get_logger
+from scopekb.models import Chunk
+from scopekb.settings import ChunkingSettings
+from scopekb.stores.opensearch import OpenSearchChunkStore
+
+log = get_logger(__name__)
+
+REINDEX_LOCK_KEY = "scopekb:lock:reindex"
+
+
+@dataclass
+class ReindexReport:
+    """What a reindex did: old and new index names, chunks copied, embeddings computed vs cached, seconds."""
+
+    old_index: str | None
+    new_index: str
+    chunks: int = 0
+    embeddings_computed: int = 0
+    embeddings_cached: int = 0
+    embedding_failures: int = 0
+    seconds: float = 0.0
+
+
+def _scroll(client: OpenSearch, index: str, batch: int) -> Iterator[list[dict[str, Any]]]:
+    buf: list[dict[str, Any]] = []
+    for hit in helpers.scan(client, index=index, size=batch, preserve_order=False,
+                            query={"query": {"match_all": {}}, "_source": {"excludes": [F.EMBEDDING]}}):
+        buf.append({"_id": hit["_id"], **hit["_source"]})
+        if len(buf) >= batch:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+def reindex(target: OpenSearchChunkStore, embedder: Embedder | None, cache: EmbeddingCache | None,
+            chunking: ChunkingSettings, counter: TokenCounter | None = None, batch: int = 500,
+            progress: Callable[[int], None] | None = None) -> ReindexReport:
+    """Copy every chunk from the live index behind ``target.alias`` into a fresh index built for ``target``'s
+    dimension and model (re-embedding through the cache), then swap the alias and delete the old index.
+
+    Args:
+        target: a store configured with the NEW dimension/model (its ``ensure_index`` would refuse the old one).
+        embedder: the new model, or None for a keyword-only index.
+        progress: called with the number of chunks copied so far.
+
+    Raises:
+        opensearchpy.exceptions.TransportError: the cluster refused a step; the alias still points at the old
+            index, and the half-built new index is deleted.
+    """
+    client = target.client
+    t0 = time.monotonic()
+    old = target.live_index()
+    new = f"{target.version_name}-{int(time.time())}"
+    body = {"settings": F.chunk_index_settings(target.shards, 0, knn=bool(target.dimension)),
+            "mappings": F.chunk_mapping(target.dimension)}
+    body["settings"]["index"]["refresh_interval"] = "-1"
+    client.indices.create(index=new, body=body)
+    client.cluster.health(index=new, wait_for_status="yellow", params={"request_timeout": 35})
+    report = ReindexReport(old_index=old, new_index=new)
+    log.info("reindex_started", old_index=old, new_index=new, dimension=target.dimension, model=target.model)
+    try:
+        if old is not None:
+            for docs in _scroll(client, old, batch):
+                _embed_docs(docs, embedder, cache, chunking, counter, report)
+                actions = ({"_op_type": "index", "_index": new, "_id": d.pop("_id"), "_source": d} for d in docs)
+                ok, errors = helpers.bulk(client, actions, max_chunk_bytes=target.bulk_max_bytes, raise_on_error=False,
+                                          max_retries=5, initial_backoff=1)
+                if errors:
+                    raise RuntimeError(f"{len(errors)} chunks refused by the new index: {str(errors[0])[:300]}")
+                report.chunks += ok
+                if progress:
+                    progress(report.chunks)
+        client.indices.put_settings(index=new, body={"index": {"refresh_interval": None,
+                                                               "number_of_replicas": target.replicas}})
+        client.indices.refresh(index=new)
+        actions: list[dict[str, Any]] = [{"add": {"index": new, "alias": target.alias}}]
+        if old is not None:
+            actions.insert(0, {"remove": {"index": old, "alias": target.alias}})
+        client.indices.update_aliases(body={"actions": actions})  # atomic: readers see old, then new
+    except Exception:
+        client.indices.delete(index=new, ignore_unavailable=True)
+        raise
+    if old is not None:
+        client.indices.delete(index=old, ignore_unavailable=True)
+    report.seconds = round(time.monotonic() - t0, 3)
+    log.info("reindex_finished", **report.__dict__)
+    return report
+
+
+def _embed_docs(docs: list[dict[str, Any]], embedder: Embedder | None, cache: EmbeddingCache | None,
+                chunking: ChunkingSettings, counter: TokenCounter | None, report: ReindexReport) -> None:
+    for d in docs:
+        d.pop(F.EMBEDDING, None)
+        d.pop(F.EMBEDDING_MODEL, None)
+    if embedder is None:
+        return
+    texts = []
+    for d in docs:
+        c = Chunk(content=d[F.CONTENT], start_line=d[F.START_LINE], end_line=d[F.END_LINE],
+                  chunk_index=d[F.CHUNK_INDEX], kind=d.get(F.KIND) or "lines", symbol=d.get(F.SYMBOL),
+                  signature=d.get(F.SIGNATURE), metadata=d.get(F.METADATA) or {})
+        texts.append(embedding_text(d[F.PATH], d.get(F.LANGUAGE) or "text", c, chunking, counter))
+    vectors, stats, _errors = embed_with_cache(embedder, cache, texts)
+    report.embeddings_computed += stats.computed
+    report.embeddings_cached += stats.cached
+    report.embedding_failures += stats.failed
+    for d, v in zip(docs, vectors, strict=True):
+        if v is not None:
+            d[F.EMBEDDING] = list(v)
+            d[F.EMBEDDING_MODEL] = embedder.model_id
