@@ -273,3 +273,15 @@ def test_record_store_find_rules(tmp_path: Path) -> None:
     assert [d["id"] for d in r.find("keys", sort="created_at", size=1)] == ["k2"]
     assert r.find("keys", **{"bad name": "x"}) == [] and r.find("nothing-here") == []
     assert r.delete("keys", "k3") and not r.delete("keys", "k3")
+
+
+def test_a_forked_child_opens_its_own_connection(store: SqliteChunkStore) -> None:
+    import multiprocessing
+
+    store.bulk_write([doc("a", "parent.py", "written by the parent")])
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=lambda: store.bulk_write([doc("a", "child.py", "written by the child")]))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert store.indexed_paths("s") == {"parent.py", "child.py"}
