@@ -273,6 +273,8 @@ def test_record_store_find_rules(tmp_path: Path) -> None:
     assert [d["id"] for d in r.find("keys", sort="created_at", size=1)] == ["k2"]
     assert r.find("keys", **{"bad name": "x"}) == [] and r.find("nothing-here") == []
     assert r.delete("keys", "k3") and not r.delete("keys", "k3")
+    r.close()
+    assert r.get("keys", "k1")["role"] == "admin"  # reopens after close
 
 
 def test_a_forked_child_opens_its_own_connection(store: SqliteChunkStore) -> None:

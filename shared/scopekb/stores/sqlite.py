@@ -809,6 +809,10 @@ class SqliteRecordStore(RecordStore):
         self._db = _Connections(self.path)
         self._ready = False
 
+    def close(self) -> None:
+        """Close every connection this store opened (it reopens on next use)."""
+        self._db.close()
+
     def ensure(self, kind: str) -> None:
         """Create the records table if missing (one table holds every kind; idempotent)."""
         if self._ready:
