@@ -29,8 +29,7 @@ from scopekb import fields as F
 from scopekb.models import Job, SearchMode, SearchRequest, SearchResponse, Source
 from scopekb.search import SearchUnavailable, run_search
 from scopekb.settings import QuerySettings
-from scopekb.stores.base import ChunkStore, ScopeFilter, SearchFilter
-from scopekb.stores.opensearch import IndexVersionMismatch
+from scopekb.stores.base import ChunkStore, ScopeFilter, SearchFilter, StoreVersionMismatch
 from scopekb.stores.records import RecordStore
 
 DIM = 8
@@ -219,12 +218,12 @@ def keys(hits: Sequence[tuple[str, float, dict[str, Any]]]) -> set[tuple[str, st
 def test_ensure_index_is_idempotent_and_refuses_another_dimension(backend: Backend) -> None:
     store = backend.make("lifecycle")
     assert store.ensure_index() == store.ensure_index()
-    with pytest.raises(IndexVersionMismatch):
+    with pytest.raises(StoreVersionMismatch):
         backend.make("lifecycle", dimension=DIM + 1)
-    with pytest.raises(IndexVersionMismatch):
+    with pytest.raises(StoreVersionMismatch):
         backend.make("lifecycle", dimension=None, model=None)
     kw_only = backend.make("lifecycle-kw", dimension=None, model=None)
-    with pytest.raises(IndexVersionMismatch):
+    with pytest.raises(StoreVersionMismatch):
         backend.make("lifecycle-kw", dimension=DIM)
     assert kw_only.dimension is None
 
@@ -424,6 +423,13 @@ def test_hybrid_mode_scores_and_edge_cases(corpus: ChunkStore) -> None:
     assert none.hits == []
     cut = search(corpus, "parse_rfc3339", scope(0), "hybrid", emb, max_results=10, min_score=0.5)
     assert cut.hits and all(h.score >= 0.5 for h in cut.hits)
+    # Reciprocal Rank Fusion: the same guarantees
+    rrf = search(corpus, "parse_rfc3339", scope(0), "hybrid", emb, max_results=10, fusion="rrf")
+    assert_scores(rrf)
+    assert rrf.hits[0].symbol == "parse_rfc3339" and rrf.hits[0].score == 1.0 and len(rrf.hits) == 10
+    rrf_alone = search(corpus, "nothingmatchesthis", scope(0), "hybrid", embedder({}), max_results=10, fusion="rrf")
+    assert_scores(rrf_alone)
+    assert rrf_alone.hits and rrf_alone.hits[0].score == 1.0
 
 
 def test_keyword_only_index_refuses_vector_modes(backend: Backend) -> None:

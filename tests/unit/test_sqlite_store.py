@@ -14,8 +14,7 @@ import pytest
 
 from scopekb import fields as F
 from scopekb.stores import sqlite as S
-from scopekb.stores.base import ScopeFilter, SearchFilter
-from scopekb.stores.opensearch import IndexVersionMismatch
+from scopekb.stores.base import ScopeFilter, SearchFilter, StoreVersionMismatch
 from scopekb.stores.sqlite import SqliteChunkStore, SqliteRecordStore, glob_regex, index_tokens, query_tokens
 
 DIM = 4
@@ -95,9 +94,9 @@ def test_reopen_keeps_data_and_refuses_other_dimension_or_model(tmp_path: Path) 
     assert again.count() == 1 and again.keyword_search("hello", everything(), 5)
     assert SqliteChunkStore(path, dimension=DIM).ensure_index()  # model None: no model check
     for dim, model in ((DIM + 1, "m"), (None, None), (DIM, "other")):
-        with pytest.raises(IndexVersionMismatch):
+        with pytest.raises(StoreVersionMismatch):
             SqliteChunkStore(path, dimension=dim, model=model).ensure_index()
-    with pytest.raises(IndexVersionMismatch):
+    with pytest.raises(StoreVersionMismatch):
         SqliteChunkStore(path, dimension=DIM + 1, model="m").bulk_write([doc("a", "y.py", "x")])
     again.drop()
     bigger = SqliteChunkStore(path, dimension=DIM + 1, model="m2")
@@ -287,3 +286,23 @@ def test_a_forked_child_opens_its_own_connection(store: SqliteChunkStore) -> Non
     child.join(30)
     assert child.exitcode == 0
     assert store.indexed_paths("s") == {"parent.py", "child.py"}
+
+
+def test_search_degrades_to_keyword_when_the_index_is_rebuilt_for_another_model(tmp_path: Path) -> None:
+    from scopekb.models import SearchMode, SearchRequest
+    from scopekb.search import run_search
+    from scopekb.settings import QuerySettings
+
+    path = tmp_path / "c.sqlite3"
+    old = SqliteChunkStore(path, DIM, "m")
+    old.bulk_write([doc("a", "x.py", "hello there", vec=[1, 0, 0, 0])])
+    old.drop()  # what an embedded reindex for a bigger model does, from another store object
+    new = SqliteChunkStore(path, DIM + 2, "m2")
+    new.bulk_write([doc("a", "x.py", "hello there", vec=[1, 0, 0, 0, 0, 0])])
+    with pytest.raises(S.SqliteVersionMismatch):
+        old.vector_search([1, 0, 0, 0], everything(), 3)
+    resp = run_search(old, SearchRequest(query="hello", mode=SearchMode.hybrid), ScopeFilter("a", None),
+                      QuerySettings(), lambda _: [1, 0, 0, 0])
+    assert [h.path for h in resp.hits] == ["x.py"] and resp.notice
+    for st in (old, new):
+        st.close()

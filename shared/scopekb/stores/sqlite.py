@@ -35,17 +35,16 @@ import numpy as np
 
 from scopekb import fields as F
 from scopekb.logging import get_logger
-from scopekb.stores.base import BulkReport, RawHit, SearchFilter
-from scopekb.stores.opensearch import IndexVersionMismatch
+from scopekb.stores.base import BulkReport, RawHit, SearchFilter, StoreVersionMismatch
 from scopekb.stores.records import RecordStore
 
 log = get_logger(__name__)
 
 __all__ = [
-    "IndexVersionMismatch",
     "SCHEMA_VERSION",
     "SqliteChunkStore",
     "SqliteRecordStore",
+    "SqliteVersionMismatch",
     "glob_regex",
     "index_tokens",
     "query_tokens",
@@ -310,6 +309,10 @@ _CHUNK_DDL = (
 )
 
 
+class SqliteVersionMismatch(StoreVersionMismatch):
+    """The SQLite index was built with another schema version, embedding dimension or model."""
+
+
 class _Rejected(ValueError):
     """A document the index refuses (the reason goes into :class:`BulkReport` errors)."""
 
@@ -359,7 +362,7 @@ class SqliteChunkStore:
         Returns :attr:`version_name`.
 
         Raises:
-            IndexVersionMismatch: the database was built with another schema version, dimension or model
+            SqliteVersionMismatch: the database was built with another schema version, dimension or model
                 (a reindex is needed, e.g. :meth:`drop` then a full sync).
         """
         with self._db.write() as conn:
@@ -378,7 +381,7 @@ class SqliteChunkStore:
                 # model None asks for no model check
                 model_differs = bool(self.dimension) and self.model is not None and have_model != self.model
                 if meta["schema_version"] != str(SCHEMA_VERSION) or have_dim != self.dimension or model_differs:
-                    raise IndexVersionMismatch(
+                    raise SqliteVersionMismatch(
                         f"SQLite index {str(self.path)!r} has schema version {meta['schema_version']}, dimension "
                         f"{have_dim} and model {have_model!r}; this process wants version {SCHEMA_VERSION}, "
                         f"dimension {self.dimension} and model {self.model!r}. Run `scopekb reindex`.")
@@ -672,6 +675,8 @@ class SqliteChunkStore:
 
         Raises:
             ValueError: ``vector`` does not have :attr:`dimension` finite values, or is all zeros.
+            SqliteVersionMismatch: the database was rebuilt for another dimension or model since this store
+                object was made (search.run_search then answers by keyword).
         """
         if not self.dimension or k <= 0:
             return []
@@ -691,7 +696,14 @@ class SqliteChunkStore:
                 f"SELECT c.rowid FROM chunks c WHERE c.has_vec = 1 AND {where}", args)), dtype=np.int64))
             if rowids.size == 0:
                 return []
-            gen = int(conn.execute("SELECT value FROM scopekb_meta WHERE key = 'vec_gen'").fetchone()[0])
+            meta = dict(conn.execute(
+                "SELECT key, value FROM scopekb_meta WHERE key IN ('vec_gen', 'dimension', 'model')").fetchall())
+            if meta.get("dimension") != str(self.dimension) or (
+                    self.model is not None and (meta.get("model") or None) != self.model):
+                raise SqliteVersionMismatch(
+                    f"the SQLite index {str(self.path)!r} was rebuilt for dimension {meta.get('dimension') or None}"
+                    f" and model {meta.get('model') or None!r}; restart this process with the new model settings")
+            gen = int(meta["vec_gen"])
             cache = self._vec_cache
             if (cache is None or cache[0] != gen) and rowids.size <= _DIRECT_READ_MAX:
                 rowids, mat = self._read_vectors(conn, rowids)
