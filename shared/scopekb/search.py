@@ -65,7 +65,7 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
                 ranked = scoring.rrf_fusion(kw_list, vec_list)
             else:
                 ranked = scoring.weighted_fusion(kw_list, vec_list, cfg.keyword_weight, cfg.vector_weight)
-    hits = [_hit(docs[i], score) for i, score in ranked if score >= req.min_score][:size]
+    hits = [_hit(docs[i], score) for i, score in ranked if round(score, 6) >= req.min_score][:size]
     return SearchResponse(query=req.query, mode=req.mode, hits=hits, notice=notice,
                           took_ms=round((time.perf_counter() - t0) * 1000, 2))
 

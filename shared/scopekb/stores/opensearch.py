@@ -54,22 +54,26 @@ def filter_clauses(flt: SearchFilter) -> list[dict[str, Any]]:
     if flt.languages:
         out.append({"terms": {F.LANGUAGE: list(flt.languages)}})
     if flt.file_patterns:
-        out.append({"bool": {"should": [{"wildcard": {F.PATH: {"value": _glob_to_wildcard(p)}}}
-                                        for p in flt.file_patterns], "minimum_should_match": 1}})
+        out.append({"bool": {"should": [{"wildcard": {F.PATH: {"value": w}}}
+                                        for p in flt.file_patterns for w in _glob_to_wildcards(p)],
+                             "minimum_should_match": 1}})
     return out
 
 
-def _glob_to_wildcard(glob: str) -> str:
-    """Translate a path glob to an OpenSearch wildcard. ``**`` and ``*`` both match across ``/`` there.
+def _glob_to_wildcards(glob: str) -> list[str]:
+    """OpenSearch wildcard patterns that together match what the path glob matches.
 
-    A pattern without ``/`` matches the file name in any folder (``*.py`` → ``*.py``, ``foo.py`` → ``*foo.py``
-    is not wanted, so bare names get a ``*/`` alternative handled by the leading ``*``).
+    ``*`` matches across ``/`` in OpenSearch, so ``**/`` expands to "no folder" or "any folders" (``*/``), and a
+    pattern without ``/`` matches the file name in any folder (``setup.py`` → ``setup.py`` or ``*/setup.py``).
     """
-    g = glob.replace("**/", "*").replace("**", "*")
-    if "/" not in glob and not g.startswith("*"):
-        # "setup.py" should match "setup.py" and "pkg/setup.py" alike.
-        return "*" + g if g else "*"
-    return g
+    parts = glob.split("**/")
+    alts = [parts[0]]
+    for part in parts[1:]:
+        alts = [a + sep + part for a in alts for sep in ("", "*/")]
+    alts = [a.replace("**", "*") for a in alts]
+    if "/" not in glob:
+        alts = [w for a in alts for w in (a, "*/" + a)]
+    return list(dict.fromkeys(alts))
 
 
 class OpenSearchChunkStore:
@@ -175,6 +179,9 @@ class OpenSearchChunkStore:
                     continue
                 err = info.get("error")
                 reason = err.get("reason", str(err)) if isinstance(err, dict) else str(err)
+                cause = err.get("caused_by", {}).get("reason") if isinstance(err, dict) else None
+                if cause and cause not in reason:
+                    reason = f"{reason}: {cause}"
                 report.errors.append((doc_id, str(by_id.get(doc_id, {}).get(F.PATH, "?")), f"{status}: {reason}"))
             pending = retry
             if pending:
@@ -296,7 +303,8 @@ class OpenSearchChunkStore:
             "size": size, "from": offset,
             "query": {"bool": {"filter": filter_clauses(flt), "must": [{"multi_match": {
                 "query": query, "fields": F.KEYWORD_FIELDS, "type": "best_fields", "tie_breaker": 0.3}}]}},
-            "sort": [{"_score": "desc"}, {F.CONTENT_SHA: "asc"}, {F.CHUNK_INDEX: "asc"}],
+            "sort": [{"_score": "desc"}, {F.CONTENT_SHA: "asc"}, {F.CHUNK_INDEX: "asc"}, {F.PATH: "asc"},
+                     {F.SOURCE_ID: "asc"}, {F.CONTEXT_ID: "asc"}, {F.AGENT_NAME: "asc"}],
             "track_scores": True,
             "_source": {"excludes": [F.EMBEDDING]},
         }

@@ -579,6 +579,13 @@ class SqliteChunkStore:
         args: list[Any] = [scope_agent, scope_context, source_id, path]
         return self._delete(where, args, keep_ids)
 
+    def delete_paths(self, scope_agent: str, scope_context: str, source_id: str, paths: Sequence[str],
+                     keep_ids: Sequence[str] = ()) -> int:
+        """Delete the chunks of several paths of one scope and source, except ``keep_ids``."""
+        keep = set(keep_ids)
+        return sum(self.delete_path(scope_agent, scope_context, source_id, p, [i for i in keep if i])
+                   for p in paths)
+
     def delete_source(self, source_id: str, paths: Sequence[str] | None = None) -> int:
         """Delete every chunk of a source (all its scopes), or only those of ``paths``. Returns chunks deleted."""
         if paths is None:
