@@ -19,8 +19,8 @@ from scopekb.auth import ApiKey, new_key
 from scopekb.logging import configure_logging
 from scopekb.models import SearchMode, SearchRequest, Source, SourceCreate, utcnow
 from scopekb.runtime import Runtime, build_runtime
-from scopekb.search import render_text, run_search
-from scopekb.settings import get_settings
+from scopekb.search import SearchUnavailable, run_search
+from scopekb.settings import get_settings, is_embedded
 from scopekb.sources import validate_repo_url
 from scopekb.stores.base import ScopeFilter
 
@@ -34,6 +34,17 @@ app.add_typer(key_app, name="key")
 app.add_typer(dl_app, name="deadletters")
 out = Console()
 err = Console(stderr=True)
+
+
+@app.callback()
+def _global(data_dir: Annotated[str | None, typer.Option(help="where scopekb keeps its data (embedded mode)")] = None
+            ) -> None:
+    """scopekb: push-driven, scoped code and document search for AI agents."""
+    import os
+
+    if data_dir:
+        os.environ["SCOPEKB_DATA_DIR"] = data_dir
+        get_settings.cache_clear()
 
 
 class CliError(Exception):
@@ -250,63 +261,162 @@ def dl_replay(dl_id: Annotated[str | None, typer.Argument()] = None,
             raise CliError(f"no dead letter {i!r}") from None
 
 
+def _embedding_banner(rt: Runtime) -> None:
+    if rt.embedder is None:
+        hint = " (install scopekb[local] for vector and hybrid search)" if is_embedded(rt.settings) else ""
+        err.print(f"embeddings: none, keyword-only{hint}")
+    else:
+        err.print(f"embeddings: {rt.embedder.model_id} ({rt.embedder.dimension}-d)")
+
+
+def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, ref: str | None) -> Source:
+    """A registered source by id, or the source for a local path (registered on first use)."""
+    from pathlib import Path
+
+    from scopekb.folders import current_branch, is_git_repo, snapshot_folder
+
+    if target.startswith("src_") and not Path(target).exists():
+        src = rt.records.get_source(target)
+        if src is None:
+            raise CliError(f"no source {target!r}")
+        return src
+    path = Path(target).expanduser().resolve()
+    if not path.exists():
+        raise CliError(f"{target} is neither a source id nor an existing path")
+    if is_git_repo(path):
+        url, branch = str(path), ref or current_branch(path)
+        if branch is None:
+            raise CliError(f"{path} has a detached HEAD; check out a branch or pass --ref")
+    else:
+        if ref:
+            raise CliError("--ref applies to git repositories only")
+        gd, _ = snapshot_folder(path, rt.settings.data_dir)
+        url, branch = str(gd), "main"
+    ctx = context or path.name or "root"
+    for src in rt.records.list_sources(agent_name=agent):
+        if src.repo_url == url and src.ref == branch and src.context_id == ctx:
+            return src
+    body = SourceCreate(agent_name=agent, context_id=ctx, repo_url=url, ref=branch, repo_name=str(path))
+    validate_repo_url(body.repo_url, allow_local=True)
+    src = Source(**body.model_dump(), id=Source.new_id())
+    rt.records.put_source(src)
+    if not is_embedded(rt.settings):
+        _bump_sources()
+    return src
+
+
 @app.command()
-def index(source_id: str) -> None:
-    """Sync a source now, in this process, with a progress bar."""
+def index(target: Annotated[str, typer.Argument(help="a folder, a local git repository, or a source id")],
+          agent: Annotated[str, typer.Option(help="agent that owns the chunks")] = "local",
+          context: Annotated[str | None, typer.Option(help="context id; default: the folder name")] = None,
+          ref: Annotated[str | None, typer.Option(help="branch of a git repository; default: checked out")] = None,
+          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Index a folder or git repository (or sync a registered source) now, in this process, exactly
+    incrementally: only what changed since the last run is read, chunked, embedded and written."""
     from scopekb.indexing import run_sync
+    from scopekb.stores.base import StoreVersionMismatch
 
     rt = _rt()
-    rt.chunks.ensure_index()
+    try:
+        rt.chunks.ensure_index()
+    except StoreVersionMismatch as e:
+        raise CliError(str(e)) from None
+    _embedding_banner(rt)
+    src = _resolve_target(rt, target, agent, context, ref)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err) as bar:
+                  console=err, transient=as_json) as bar:
         tasks: dict[str, int] = {}
 
         def progress(phase: str, done: int, total: int) -> None:
             if phase not in tasks:
-                tasks[phase] = bar.add_task(f"{phase} files", total=total)
+                tasks[phase] = bar.add_task({"read": "reading files", "index": "chunk + embed + write"}[phase],
+                                            total=total)
             bar.update(tasks[phase], completed=done, total=total)
 
-        job = run_sync(rt.sync_deps(), "cli-" + uuid.uuid4().hex[:16], [source_id], trigger="cli",
-                       progress=progress)
-    t = Table("job", "state", "commit", "files indexed", "skipped", "deleted", "chunks written", "errors")
-    t.add_row(job.id, job.state.value, (job.to_commit or "")[:12], str(job.files_indexed),
-              str(sum(job.files_skipped.values())), str(job.files_deleted), str(job.chunks_written),
-              str(len(job.errors)))
+        job = run_sync(rt.sync_deps(), "cli-" + uuid.uuid4().hex[:16], [src.id], trigger="cli", progress=progress)
+    if as_json:
+        out.print_json(job.model_dump_json())
+        return
+    t = Table("source", "scope", "state", "commit", "files indexed", "skipped", "deleted", "chunks written",
+              "embedded", "cached", "seconds", title="index")
+    secs = (job.finished_at - job.started_at).total_seconds() if job.finished_at and job.started_at else 0.0
+    t.add_row(src.id, f"{src.agent_name}/{src.context_id}", job.state.value, (job.to_commit or "")[:10],
+              str(job.files_indexed), str(sum(job.files_skipped.values())), str(job.files_deleted),
+              str(job.chunks_written), str(job.embeddings_computed), str(job.embeddings_cached), f"{secs:.2f}")
     out.print(t)
+    if job.files_skipped:
+        out.print("skipped: " + ", ".join(f"{k} {v}" for k, v in sorted(job.files_skipped.items())))
     for e in job.errors[:20]:
-        err.print(f"error: {e}")
+        err.print(f"error: {e}", markup=False, highlight=False)
+    if job.state.value == "failed":
+        raise typer.Exit(1)
 
 
 @app.command()
-def search(query: str, agent: Annotated[str, typer.Option("--agent")],
-           context: Annotated[str | None, typer.Option("--context")] = None,
-           cross_context: bool = False, mode: SearchMode = SearchMode.keyword, max_results: int = 5,
+def search(query: str,
+           agent: Annotated[str, typer.Option(help="agent whose chunks are searched")] = "local",
+           context: Annotated[str | None, typer.Option(help="one context; default: all contexts of the agent")] = None,
+           mode: Annotated[SearchMode | None, typer.Option(help="default: hybrid with a model, else keyword")] = None,
+           max_results: int = 5, file_pattern: Annotated[list[str] | None, typer.Option("--file")] = None,
+           language: Annotated[list[str] | None, typer.Option("--language")] = None,
            as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Search as an operator within an explicit scope (agents use the query API with their keys)."""
+    """Search as an operator within an explicit scope (agents use the query API or MCP with their keys)."""
+    from rich.text import Text
+
     s = get_settings()
-    if context is None and not cross_context:
-        raise CliError("name --context or pass --cross-context")
-    scope = ScopeFilter(agent, None if cross_context else (context or "",))
-    req = SearchRequest(query=query, mode=mode, max_results=max_results, context_id=context,
-                        cross_context=cross_context)
     rt = _rt()
-    resp = run_search(rt.chunks, req, scope, s.query, embed=rt.embed_query if rt.embedder is not None else None)
+    chosen = mode or (SearchMode.hybrid if rt.embedder is not None else SearchMode.keyword)
+    scope = ScopeFilter(agent, None if context is None else (context,))
+    req = SearchRequest(query=query, mode=chosen, max_results=max_results, context_id=context,
+                        cross_context=context is None, file_patterns=file_pattern or [], languages=language or [])
+    try:
+        resp = run_search(rt.chunks, req, scope, s.query, embed=rt.embed_query if rt.embedder is not None else None)
+    except SearchUnavailable as e:
+        raise CliError(str(e)) from None
     if as_json:
         out.print_json(resp.model_dump_json())
-    else:
-        out.print(render_text(resp), markup=False, highlight=False)
+        return
+    if not resp.hits:
+        out.print(f"No results for {query!r} ({chosen.value}).")
+        return
+    words = [w for w in query.replace("_", " ").split() if len(w) > 2] + [query]
+    for n, h in enumerate(resp.hits, 1):
+        head = Text(f"[{n}] ", style="bold")
+        head.append(f"{h.path}:{h.start_line}-{h.end_line}", style="bold cyan")
+        head.append(f"  score {h.score:.2f}", style="green")
+        if h.symbol:
+            head.append(f"  {h.symbol}", style="magenta")
+        if context is None:
+            head.append(f"  [{h.context_id}]", style="dim")
+        out.print(head)
+        lines = [ln for ln in h.content.splitlines() if ln.strip()][:8]
+        snippet = Text("\n".join("    " + ln[:120] for ln in lines))
+        snippet.highlight_words(words, style="bold yellow", case_sensitive=False)
+        out.print(snippet)
+    if resp.notice:
+        err.print(resp.notice)
 
 
 @app.command()
-def status() -> None:
+def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Sources with their indexed commit, documents and chunks."""
     rt = _rt()
-    t = Table("source", "scope", "ref", "indexed commit", "documents", "chunks")
+    rows = []
     for src in rt.records.list_sources():
         st = rt.chunks.source_stats(src.id)
-        t.add_row(src.id, f"{src.agent_name}/{src.context_id}", src.ref,
-                  (rt.records.indexed_commit(src.id) or "-")[:12], str(st["documents"]), str(st["chunks"]))
+        rows.append({"source": src.id, "scope": f"{src.agent_name}/{src.context_id}", "repo": src.repo_name
+                     or src.repo_url, "ref": src.ref, "indexed_commit": rt.records.indexed_commit(src.id),
+                     **st})
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    t = Table("source", "scope", "repo", "ref", "indexed commit", "documents", "chunks")
+    for r in rows:
+        t.add_row(r["source"], r["scope"], str(r["repo"]), r["ref"], (r["indexed_commit"] or "-")[:12],
+                  str(r["documents"]), str(r["chunks"]))
     out.print(t)
+    if not rows:
+        out.print("No sources yet: `scopekb index PATH` indexes a folder or git repository.")
 
 
 def main() -> None:
@@ -314,13 +424,14 @@ def main() -> None:
     from opensearchpy.exceptions import ConnectionError as OSConnectionError
     from pydantic import ValidationError
 
+    from scopekb.folders import FolderError
     from scopekb.gitrepo import GitError
     from scopekb.indexing import SyncError
     from scopekb.sources import InvalidRepoUrl
 
     try:
         app()
-    except (CliError, InvalidRepoUrl, SyncError, GitError) as e:
+    except (CliError, InvalidRepoUrl, SyncError, GitError, FolderError) as e:
         err.print(f"error: {e}", markup=False, highlight=False)
         sys.exit(1)
     except ValidationError as e:

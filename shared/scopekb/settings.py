@@ -53,7 +53,8 @@ class S3Settings(BaseModel):
 class GitSettings(BaseModel):
     """Repository mirrors and what is read from them."""
 
-    cache_dir: Path = Path(".scopekb-data/git")
+    #: Bare mirrors of the repositories; None: ``<data_dir>/git``.
+    cache_dir: Path | None = None
     #: Files above this size are skipped with reason ``too_large`` (DESIGN §4.4; 1 MiB default per issue 4).
     max_file_bytes: int = 1024 * 1024
     #: Local paths as repository URLs; only for embedded mode and tests (SSRF, DESIGN §4.2).
@@ -246,7 +247,11 @@ class Settings(BaseSettings):
     #: ``json`` for services (one JSON object per line), ``console`` for terminals, ``auto`` picks by TTY.
     log_format: str = "auto"
     log_level: str = "INFO"
-    data_dir: Path = Path(".scopekb-data")
+    #: Everything a process keeps on disk (git mirrors; in embedded mode also the index, records and blobs).
+    data_dir: Path = Field(default_factory=lambda: default_data_dir())
+    #: ``embedded`` (one process: SQLite, local folders, in-process queue), ``distributed`` (OpenSearch, Redis,
+    #: S3), or ``auto``: embedded unless an OpenSearch, Redis or S3 setting is given.
+    profile: Literal["auto", "embedded", "distributed"] = "auto"
 
     opensearch: OpenSearchSettings = Field(default_factory=OpenSearchSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
@@ -269,6 +274,28 @@ class Settings(BaseSettings):
         if w.task_soft_time_limit_s >= w.task_time_limit_s:
             raise ValueError("worker.task_soft_time_limit_s must be smaller than worker.task_time_limit_s")
         return self
+
+
+def default_data_dir() -> Path:
+    """``$SCOPEKB_HOME``, else ``$XDG_DATA_HOME/scopekb``, else ``~/.local/share/scopekb`` (the XDG default)."""
+    import os
+
+    if os.environ.get("SCOPEKB_HOME"):
+        return Path(os.environ["SCOPEKB_HOME"])
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "scopekb"
+
+
+def is_embedded(settings: Settings) -> bool:
+    """True for the embedded profile: asked for, or ``auto`` with no OpenSearch, Redis or S3 setting given."""
+    if settings.profile != "auto":
+        return settings.profile == "embedded"
+    return not ({"opensearch", "redis", "s3"} & settings.model_fields_set)
+
+
+def git_cache_dir(settings: Settings) -> Path:
+    """Where repository mirrors live: ``git.cache_dir`` or ``<data_dir>/git``."""
+    return settings.git.cache_dir or Path(settings.data_dir) / "git"
 
 
 @lru_cache(maxsize=1)
