@@ -14,7 +14,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -26,7 +27,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken, TokenVerifier
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
 from pydantic import Field, ValidationError
@@ -322,6 +323,40 @@ def enqueue_sync(settings: Settings, celery: Celery, src: Source) -> str:
     return job_id
 
 
+class _SessionEndpoint:
+    """The streamable HTTP endpoint; its session manager lives for one run of the app's lifespan.
+
+    The SDK's session manager runs once only, so each lifespan (a restarted server, a second test client on the
+    same app) gets a fresh one. Requests outside a lifespan are answered 503.
+    """
+
+    def __init__(self, server: MCPServer, path: str) -> None:
+        self.server = server
+        self.path = path
+        self.manager: StreamableHTTPSessionManager | None = None
+
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        """Run a new session manager until the app shuts down."""
+        self.server.streamable_http_app(
+            streamable_http_path=self.path, stateless_http=True, json_response=True,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+        manager = self.server.session_manager
+        async with manager.run():
+            self.manager = manager
+            try:
+                yield
+            finally:
+                self.manager = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Hand the request to the running session manager."""
+        if self.manager is None:
+            await _send_json(send, 503, {"error": "unavailable", "error_description": "MCP is not running"})
+            return
+        await self.manager.asgi_app(scope, receive, send)
+
+
 def mount_mcp(app: FastAPI, rt: Runtime, settings: Settings, celery: Celery, key_cache: KeyCache | None = None,
               embed: QueryEmbedder | None = None, path: str = MCP_PATH) -> MCPServer:
     """Serve the MCP tools over streamable HTTP at ``path`` of ``app`` behind the bearer agent keys.
@@ -333,12 +368,9 @@ def mount_mcp(app: FastAPI, rt: Runtime, settings: Settings, celery: Celery, key
     logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK logs every stateless request at INFO
     lookup = KeyLookup(rt, key_cache)
     server = build_mcp_server(rt, settings, celery, key_from_request, embed)
-    server.streamable_http_app(streamable_http_path=path, stateless_http=True, json_response=True,
-                               transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
-    manager = server.session_manager
-    app.add_route(path, BearerKeyMiddleware(StreamableHTTPASGIApp(manager), ApiKeyVerifier(lookup)),
-                  include_in_schema=False)
-    app.state.lifespan_contexts.append(manager.run)
+    endpoint = _SessionEndpoint(server, path)
+    app.add_route(path, BearerKeyMiddleware(endpoint, ApiKeyVerifier(lookup)), include_in_schema=False)
+    app.state.lifespan_contexts.append(endpoint.lifespan)
     app.state.mcp = server
     return server
 
