@@ -12,9 +12,10 @@ search to one of the key's contexts, ``cross_context`` widens it to every allowe
 
 import json
 import logging
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -37,10 +38,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from scopekb import queue
 from scopekb.auth import ApiKey, AuthError, Unauthenticated, hash_key, resolve_scope
 from scopekb.logging import configure_logging, get_logger
-from scopekb.models import SearchRequest, Source
+from scopekb.models import Job, JobState, SearchRequest, Source, utcnow
 from scopekb.runtime import Runtime, build_runtime, redis_client
 from scopekb.search import QueryEmbedder, SearchUnavailable, render_text, run_search
-from scopekb.settings import Settings, get_settings
+from scopekb.settings import Settings, get_settings, is_embedded
 from scopekb_query.app import JOB_QUEUED_KEY
 
 log = get_logger("scopekb.query.mcp")
@@ -55,6 +56,8 @@ KEY_CACHE_TTL_S = 30.0
 KeyCache = dict[str, tuple[float, ApiKey | None]]
 #: Returns the key of the current tool call, or raises :class:`ToolError`.
 KeyOf = Callable[[Context], ApiKey]
+#: Starts a sync of one source; returns the job id.
+Enqueue = Callable[[Source], str]
 
 INSTRUCTIONS = (
     "Scoped code and document search. `search` returns numbered hits; each names its source "
@@ -187,18 +190,21 @@ def _fmt_time(value: Any) -> str:
     return str(value) if value else "never"
 
 
-def build_mcp_server(rt: Runtime, settings: Settings, celery: Celery, key_of: KeyOf,
+def build_mcp_server(rt: Runtime, settings: Settings, enqueue: Enqueue, key_of: KeyOf,
                      embed: QueryEmbedder | None = None) -> MCPServer:
     """The MCP server with the tools ``search``, ``status`` and ``index``, each scoped by ``key_of(ctx)``.
 
     Args:
         rt: stores of this process.
         settings: the process settings (search limits, Redis for job markers).
-        celery: the Celery app used to send ``scopekb.sync_sources`` by name.
+        enqueue: starts a sync of one source and returns its job id (:func:`celery_enqueue` for the service,
+            :func:`inprocess_enqueue` for the embedded profile).
         key_of: returns the caller's key for a tool call (HTTP: :func:`key_from_request`; stdio: a fixed key).
-        embed: query embedder for vector and hybrid modes, when the service has one.
+        embed: query embedder for vector and hybrid modes; default: the runtime's embedder, if any.
     """
     cfg = settings.query
+    if embed is None and getattr(rt, "embedder", None) is not None:
+        embed = rt.embed_query
     server: MCPServer = MCPServer("scopekb", instructions=INSTRUCTIONS, version="0.1.0", log_level="WARNING")
 
     def _search(key: ApiKey, req: SearchRequest) -> str:
@@ -275,7 +281,7 @@ def build_mcp_server(rt: Runtime, settings: Settings, celery: Celery, key_of: Ke
         if src is None or not _allowed(key, src):
             # Same answer for "absent" and "someone else's": the key learns nothing about other scopes.
             raise ToolError(f"source {source_id!r} not found for this key")
-        job_id = enqueue_sync(settings, celery, src)
+        job_id = enqueue(src)
         log.info("mcp_sync_queued", source_id=src.id, job_id=job_id, key_id=key.id)
         return (f"Queued a sync of source {src.id} ({src.repo_name or src.repo_url}@{src.ref}, context "
                 f"{src.context_id!r}). Job id: {job_id}")
@@ -312,15 +318,46 @@ def source_status(rt: Runtime, src: Source) -> dict[str, Any]:
     return {"status": status, "indexed_commit": state.get("commit"), "indexed_at": state.get("indexed_at"), **stats}
 
 
-def enqueue_sync(settings: Settings, celery: Celery, src: Source) -> str:
-    """Send ``scopekb.sync_sources`` for one source by name (as ``POST /v1/sources/{id}/sync``); the job id."""
-    job_id = "manual-" + uuid.uuid4().hex[:16]
-    redis_client(settings).set(JOB_QUEUED_KEY.format(job_id=job_id), json.dumps(
-        {"id": job_id, "state": "queued", "source_ids": [src.id], "ref": src.ref, "trigger": "manual"}),
-        ex=settings.worker.result_expires_s)
-    celery.send_task(queue.TASK_SYNC_SOURCES, task_id=job_id, kwargs={
-        "job_id": job_id, "source_ids": [src.id], "trigger": "manual"})
-    return job_id
+def celery_enqueue(settings: Settings, celery: Celery) -> Enqueue:
+    """Send ``scopekb.sync_sources`` for one source by name (as ``POST /v1/sources/{id}/sync`` does)."""
+
+    def enqueue(src: Source) -> str:
+        job_id = "manual-" + uuid.uuid4().hex[:16]
+        redis_client(settings).set(JOB_QUEUED_KEY.format(job_id=job_id), json.dumps(
+            {"id": job_id, "state": "queued", "source_ids": [src.id], "ref": src.ref, "trigger": "manual"}),
+            ex=settings.worker.result_expires_s)
+        celery.send_task(queue.TASK_SYNC_SOURCES, task_id=job_id, kwargs={
+            "job_id": job_id, "source_ids": [src.id], "trigger": "manual"})
+        return job_id
+
+    return enqueue
+
+
+def inprocess_enqueue(rt: Runtime) -> Enqueue:
+    """Run the sync in a background thread of this process (embedded profile: no queue, no worker).
+
+    The job record is written before this returns, so ``status`` shows the source INDEXING at once.
+    """
+
+    def enqueue(src: Source) -> str:
+        from scopekb.indexing import run_sync
+
+        job_id = "mcp-" + uuid.uuid4().hex[:16]
+        rt.records.put_job(Job(id=job_id, source_ids=[src.id], ref=src.ref, trigger="mcp"))
+
+        def work() -> None:
+            try:
+                run_sync(rt.sync_deps(), job_id, [src.id], trigger="mcp")
+            except Exception as e:  # noqa: BLE001 - recorded on the job; a thread has nobody to raise to
+                log.error("mcp_sync_failed", job_id=job_id, source_id=src.id, error=str(e))
+                job = rt.records.get_job(job_id) or Job(id=job_id, source_ids=[src.id], trigger="mcp")
+                rt.records.put_job(job.model_copy(update={"state": JobState.failed, "errors": [*job.errors, str(e)],
+                                                          "finished_at": utcnow()}))
+
+        threading.Thread(target=work, name=f"sync-{job_id}", daemon=True).start()
+        return job_id
+
+    return enqueue
 
 
 class _SessionEndpoint:
@@ -367,7 +404,7 @@ def mount_mcp(app: FastAPI, rt: Runtime, settings: Settings, celery: Celery, key
     """
     logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK logs every stateless request at INFO
     lookup = KeyLookup(rt, key_cache)
-    server = build_mcp_server(rt, settings, celery, key_from_request, embed)
+    server = build_mcp_server(rt, settings, celery_enqueue(settings, celery), key_from_request, embed)
     endpoint = _SessionEndpoint(server, path)
     app.add_route(path, BearerKeyMiddleware(endpoint, ApiKeyVerifier(lookup)), include_in_schema=False)
     app.state.lifespan_contexts.append(endpoint.lifespan)
@@ -390,7 +427,8 @@ def stdio_key_of(lookup: KeyLookup, token: str) -> KeyOf:
 def run_stdio(key: str, settings: Settings | None = None, embed: QueryEmbedder | None = None) -> None:
     """Serve the MCP tools over stdin/stdout for the agent key ``key`` (the ``scopekb mcp`` command).
 
-    Logs go to stderr; stdout carries only MCP messages.
+    Logs go to stderr; stdout carries only MCP messages. ``index`` queues the sync for the workers, or in the
+    embedded profile runs it in a thread of this process.
 
     Raises:
         Unauthenticated: ``key`` is not a live agent key.
@@ -402,10 +440,10 @@ def run_stdio(key: str, settings: Settings | None = None, embed: QueryEmbedder |
     lookup = KeyLookup(rt)
     if lookup(key) is None:
         raise Unauthenticated("unknown or revoked key")
-    server = build_mcp_server(rt, settings, queue.make_celery(settings, name="scopekb-mcp"),
-                              stdio_key_of(lookup, key), embed)
+    if is_embedded(settings):
+        rt.chunks.ensure_index()
+        enqueue = inprocess_enqueue(rt)
+    else:
+        enqueue = celery_enqueue(settings, queue.make_celery(settings, name="scopekb-mcp"))
+    server = build_mcp_server(rt, settings, enqueue, stdio_key_of(lookup, key), embed)
     anyio.run(server.run_stdio_async)
-
-
-__all__: Sequence[str] = ("ApiKeyVerifier", "BearerKeyMiddleware", "KeyLookup", "MCP_PATH", "build_mcp_server",
-                          "enqueue_sync", "key_from_request", "mount_mcp", "run_stdio", "source_status")

@@ -208,3 +208,42 @@ def test_run_stdio_refuses_an_unknown_key(stack: Stack) -> None:
     r = subprocess.run([sys.executable, "-c", "from scopekb_query.mcp_server import run_stdio; run_stdio('nope')"],
                        env=stack.env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "Unauthenticated" in r.stderr and r.stdout == ""
+
+
+def test_mcp_stdio_embedded_profile_indexes_in_process(tmp_path: Path) -> None:
+    """``scopekb mcp`` on a laptop: SQLite stores, no queue; ``index`` syncs in the server process."""
+    from scopekb.auth import ApiKey, new_key
+    from scopekb.models import Source
+    from scopekb.runtime import build_runtime
+    from scopekb.settings import Settings
+
+    repo = _make_repo(tmp_path / "repo", {"pkg/widgets.py": WIDGETS})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCOPEKB_")}
+    env.update({"SCOPEKB_PROFILE": "embedded", "SCOPEKB_DATA_DIR": str(tmp_path / "data"),
+                "SCOPEKB_EMBEDDING__PROVIDER": "none", "SCOPEKB_LOG_FORMAT": "json"})
+    rt = build_runtime(Settings(profile="embedded", data_dir=tmp_path / "data", embedding={"provider": "none"}))
+    secret, h = new_key()
+    rt.records.put("keys", "key_local", ApiKey(id="key_local", agent_name="laptop", key_hash=h).model_dump(mode="json"))
+    src = Source(id=Source.new_id(), agent_name="laptop", context_id="proj", repo_url=str(repo), ref="main")
+    rt.records.put_source(src)
+    params = StdioServerParameters(
+        command=sys.executable, cwd=str(tmp_path), env=env,
+        args=["-c", "import sys; from scopekb_query.mcp_server import run_stdio; run_stdio(sys.argv[1])", secret])
+
+    async def go() -> tuple[str, str]:
+        with open(tmp_path / "stdio.log", "w") as errlog:
+            async with stdio_client(params, errlog=errlog) as (rs, ws):
+                async with ClientSession(rs, ws, read_timeout_seconds=60) as session:
+                    await session.initialize()
+                    queued = await session.call_tool("index", {"source_id": src.id})
+                    assert not queued.is_error, _text(queued)
+                    with anyio.fail_after(90):
+                        while "READY" not in (st := _text(await session.call_tool("status", {}))):
+                            assert "ERROR" not in st, st
+                            await anyio.sleep(0.3)
+                    hit = await session.call_tool("search", {"query": FUNC, "context_id": "proj"})
+        return st, _text(hit)
+
+    status, hit = anyio.run(go)
+    assert src.id in status and "1 documents" in status, status
+    assert hit.startswith("[1] pkg/widgets.py:"), hit

@@ -47,7 +47,8 @@ def fuzz_target(opensearch_url: str, redis_url: str) -> Iterator[dict[str, Any]]
 
     s = Settings(opensearch={"url": opensearch_url, "alias": f"{PREFIX}-chunks", "system_prefix": f"{PREFIX}-sys"},
                  redis={"url": redis_url}, worker={"queue": f"{PREFIX}-queue"}, query={"admin_token": FUZZ_ADMIN},
-                 git={"host_allowlist": [GIT_HOST]}, log_format="json", log_level="WARNING")
+                 git={"host_allowlist": [GIT_HOST]}, profile="distributed", embedding={"provider": "none"},
+                 log_format="json", log_level="WARNING")
     client = make_client(s.opensearch)
     # Writes that wait for a refresh (keys, sources) should not wait a whole second each under fuzzing.
     client.indices.put_index_template(name=f"{PREFIX}-fast-refresh", body={
@@ -69,7 +70,8 @@ def _published_openapi() -> dict[str, Any]:
     """The OpenAPI document the query app publishes (it does not depend on settings; nothing is contacted)."""
     from scopekb_query.app import create_app
 
-    return create_app(Settings(query={"admin_token": FUZZ_ADMIN}, log_format="json", log_level="WARNING")).openapi()
+    return create_app(Settings(profile="distributed", embedding={"provider": "none"}, query={"admin_token": FUZZ_ADMIN},
+                               log_format="json", log_level="WARNING")).openapi()
 
 
 # Loaded when the module is collected, so each operation is its own test item. (schemathesis' lazy

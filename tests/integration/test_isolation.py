@@ -92,7 +92,8 @@ def _docs(with_vectors: bool) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def iso_settings(opensearch_url: str, redis_url: str) -> Settings:
     return Settings(opensearch={"url": opensearch_url, "alias": f"{PREFIX}-chunks", "system_prefix": f"{PREFIX}-sys"},
-                    redis={"url": redis_url}, query={"admin_token": ADMIN}, log_format="json", log_level="WARNING")
+                    redis={"url": redis_url}, query={"admin_token": ADMIN}, profile="distributed",
+                    embedding={"provider": "none"}, log_format="json", log_level="WARNING")
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +148,11 @@ def expected_scope(key: ApiKey, context_id: str | None, cross: bool) -> tuple[in
     return 200, {(key.agent_name, c) for c in ctxs}
 
 
+def populated(visible: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The visible scopes that hold chunks."""
+    return {s for s in visible if s[0] in AGENTS and s[1] in CONTEXTS}
+
+
 def check_hits(hits: Sequence[dict[str, Any]], visible: set[tuple[str, str]]) -> None:
     """Every hit is inside ``visible``, by its labels and by the document's own path and marker."""
     for h in hits:
@@ -195,7 +201,7 @@ def test_rest_search_never_leaks(world: dict[str, Any], key_id: tuple[str, str],
     check_hits(hits, visible)
     # Not vacuous: a visible scope's marker in the query finds that scope's chunks (when no filter narrows).
     if mode == SearchMode.keyword and not ({"file_patterns", "source_id"} & extra.keys()):
-        wanted = {s for s in visible if s[0] in AGENTS and marker(*s) in query.split()}
+        wanted = {s for s in populated(visible) if marker(*s) in query.split()}
         assert wanted <= {(h["agent_name"], h["context_id"]) for h in hits}, (body, hits)
 
 
@@ -208,7 +214,7 @@ def test_each_key_sees_exactly_its_scopes(world: dict[str, Any], key_id: tuple[s
     assert r.status_code == 200, r.text
     seen = {(h["agent_name"], h["context_id"]) for h in r.json()["hits"]}
     _, visible = expected_scope(key, None, True)
-    assert seen == {s for s in visible if s[0] in AGENTS}, (key_id, seen)
+    assert seen == populated(visible), (key_id, seen)
     assert len(r.json()["hits"]) == 4 * len(seen)
 
 
@@ -234,4 +240,4 @@ def test_store_search_never_leaks_in_every_mode(world: dict[str, Any], key_id: t
     assert all(0.0 <= h.score <= 1.0 for h in resp.hits)
     if mode == SearchMode.vector:
         # Filtered kNN returns k hits whenever k matching chunks exist.
-        assert len(resp.hits) == min(k, 4 * len({s for s in visible if s[0] in AGENTS}))
+        assert len(resp.hits) == min(k, 4 * len(populated(visible)))
