@@ -46,6 +46,13 @@ class KeyCreate(BaseModel):
     label: str | None = None
 
 
+def backend_reason(exc: TransportError) -> str:
+    """The root cause type OpenSearch gave for a refused request (``query_shard_exception``), or its error."""
+    info = exc.info if isinstance(exc.info, dict) else {}
+    causes = (info.get("error") or {}).get("root_cause") if isinstance(info.get("error"), dict) else None
+    return str(causes[0].get("type")) if causes else str(exc.error)
+
+
 class Caller(BaseModel):
     admin: bool = False
     key: ApiKey | None = None
@@ -90,8 +97,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"detail": "search backend unavailable"}, status_code=503)
 
     @app.exception_handler(TransportError)
-    async def _os_error(_: Request, exc: TransportError) -> JSONResponse:
-        log.error("opensearch_error", status=exc.status_code, error=str(exc.error))
+    async def _os_error(request: Request, exc: TransportError) -> JSONResponse:
+        reason = backend_reason(exc)
+        # A search's own query was refused (over 1024 clauses, too many terms): the caller's error, not a 5xx.
+        refused = exc.status_code == 400 or reason in ("too_many_clauses", "too_many_nested_clauses")
+        if refused and request.url.path == "/v1/search":
+            log.warning("opensearch_refused_query", status=exc.status_code, reason=reason)
+            return JSONResponse({"detail": f"the search backend refused the query ({reason}); use "
+                                 "fewer query terms, file patterns or languages"}, status_code=400)
+        log.error("opensearch_error", status=exc.status_code, error=str(exc.error), reason=reason)
         return JSONResponse({"detail": "search backend error"}, status_code=503)
 
     def caller(request: Request) -> Caller:
