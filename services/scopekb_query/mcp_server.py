@@ -31,6 +31,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
+from opensearchpy.exceptions import TransportError
 from pydantic import Field, ValidationError
 from starlette.authentication import AuthCredentials
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -42,7 +43,7 @@ from scopekb.models import Job, JobState, SearchRequest, Source, utcnow
 from scopekb.runtime import Runtime, build_runtime, redis_client
 from scopekb.search import QueryEmbedder, SearchUnavailable, render_text, run_search
 from scopekb.settings import Settings, get_settings, is_embedded
-from scopekb_query.app import JOB_QUEUED_KEY
+from scopekb_query.app import JOB_QUEUED_KEY, backend_reason
 
 log = get_logger("scopekb.query.mcp")
 
@@ -180,6 +181,17 @@ def key_from_request(ctx: Context) -> ApiKey:
     return ApiKey.model_validate({**access.claims[_KEY_CLAIM], "key_hash": ""})
 
 
+def _backend_error(exc: TransportError) -> ToolError:
+    """A tool error for an OpenSearch failure: a refused query is the caller's to fix, anything else is ours."""
+    reason = backend_reason(exc)
+    if exc.status_code == 400 or reason in ("too_many_clauses", "too_many_nested_clauses"):
+        log.warning("mcp_backend_refused", status=exc.status_code, reason=reason)
+        return ToolError(f"the search backend refused the query ({reason}); use fewer query terms, file patterns "
+                         "or languages")
+    log.error("mcp_backend_error", status=exc.status_code, reason=reason)
+    return ToolError("search backend unavailable; try again later")
+
+
 def _allowed(key: ApiKey, src: Source) -> bool:
     return src.agent_name == key.agent_name and (key.context_ids is None or src.context_id in key.context_ids)
 
@@ -246,6 +258,8 @@ def build_mcp_server(rt: Runtime, settings: Settings, enqueue: Enqueue, key_of: 
             raise ToolError(str(e)) from None
         except SearchUnavailable as e:
             raise ToolError(str(e)) from None
+        except TransportError as e:
+            raise _backend_error(e) from None
 
     def _status(key: ApiKey, context_id: str | None) -> str:
         if context_id is not None and key.context_ids is not None and context_id not in key.context_ids:
@@ -274,7 +288,10 @@ def build_mcp_server(rt: Runtime, settings: Settings, enqueue: Enqueue, key_of: 
         """The sources this key may see, each with its state (READY / INDEXING / EMPTY / ERROR), documents,
         chunks and the indexed commit."""
         key = key_of(ctx)
-        return await anyio.to_thread.run_sync(_status, key, context_id)
+        try:
+            return await anyio.to_thread.run_sync(_status, key, context_id)
+        except TransportError as e:
+            raise _backend_error(e) from None
 
     def _index(key: ApiKey, source_id: str) -> str:
         src = rt.records.get_source(source_id)
@@ -296,7 +313,10 @@ def build_mcp_server(rt: Runtime, settings: Settings, enqueue: Enqueue, key_of: 
     ) -> str:
         """Queue a sync of one source this key may use to its ref's current commit; returns the job id."""
         key = key_of(ctx)
-        return await anyio.to_thread.run_sync(_index, key, source_id)
+        try:
+            return await anyio.to_thread.run_sync(_index, key, source_id)
+        except TransportError as e:
+            raise _backend_error(e) from None
 
     return server
 

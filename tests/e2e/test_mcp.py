@@ -124,7 +124,7 @@ def test_mcp_http_lists_tools_indexes_and_searches(stack: Stack, mcp_world: dict
     job = stack.wait_job(_text(their_idx).rsplit("Job id: ", 1)[1].strip(), timeout_s=120)
     assert job["state"] == "done" and job["files_indexed"] == 1, job
 
-    _, (hit, py_only, md_only, nothing, status, bad_ctx, bad_args) = anyio.run(
+    _, (hit, py_only, md_only, nothing, status, bad_ctx, bad_args, too_big) = anyio.run(
         _http_session, stack, keys["mine"], [
             ("search", {"query": FUNC}),
             ("search", {"query": FUNC, "file_patterns": ["*.py"], "max_results": 1}),
@@ -133,6 +133,7 @@ def test_mcp_http_lists_tools_indexes_and_searches(stack: Stack, mcp_world: dict
             ("status", {}),
             ("search", {"query": FUNC, "context_id": "ctx-2"}),
             ("search", {"query": "   "}),
+            ("search", {"query": " ".join(f"t{i}" for i in range(1300))[:4096], "cross_context": True}),
         ])
     text = _text(hit)
     assert not hit.is_error
@@ -151,6 +152,7 @@ def test_mcp_http_lists_tools_indexes_and_searches(stack: Stack, mcp_world: dict
     assert srcs[AGENT] in st and "READY" in st and srcs[OTHER] not in st
     assert bad_ctx.is_error and "not allowed" in _text(bad_ctx)
     assert bad_args.is_error and "query" in _text(bad_args)
+    assert too_big.is_error and "refused the query" in _text(too_big), _text(too_big)
 
     # The other agent's key sees its own marker and none of ours.
     _, (theirs, ours) = anyio.run(_http_session, stack, keys["other"], [

@@ -125,6 +125,25 @@ def test_source_lifecycle_with_generated_sources_never_5xx(fuzz_target: dict[str
         assert resp.status_code < 300, (method, path, resp.status_code, resp.text)
 
 
+@pytest.mark.parametrize("extra", [
+    {"query": " ".join(f"t{i}" for i in range(1300))[:4096]},  # over 1024 clauses: OpenSearch answers 500
+    {"query": " ".join("abcdefghijklmnopqrstuvwxyz"[i % 26] for i in range(2048))},
+    {"file_patterns": [f"*{i}*" for i in range(2000)]},
+    {"languages": [f"lang{i}" for i in range(70000)]},
+    {"max_results": 10**12, "min_score": 1.0},
+    {"context_id": "c" * 100_000},
+    {"query": "x\x00y", "ref": "refs/heads/" * 100, "source_id": "\x00"},
+], ids=["many-terms", "many-letters", "many-globs", "many-languages", "huge-max", "huge-context", "nul"])
+def test_oversized_searches_are_refused_not_5xx(fuzz_target: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Valid by the schema but more than the backend takes: a 4xx naming what to reduce, never a 5xx."""
+    client = TestClient(fuzz_target["app"], raise_server_exceptions=False,
+                        headers={"Authorization": f"Bearer {fuzz_target['agent_key']}"})
+    r = client.post("/v1/search", json={"query": "x", "cross_context": True, **extra})
+    assert r.status_code in (200, 400, 403, 422), r.text
+    if r.status_code == 400:
+        assert "fewer" in r.json()["detail"]
+
+
 # ---- the auth and validation contract on the running service -------------------------------------------------
 
 
