@@ -28,8 +28,9 @@ from scopekb import fields as F
 from scopekb import filetypes
 from scopekb.blobs import BlobStore, blob_key
 from scopekb.chunking import TokenCounter, chunk_document, embedding_text
+from scopekb.documents import DOCUMENT_SUFFIXES, DocumentError, ObjectPrefix, to_text
 from scopekb.embedding import Embedder, EmbeddingCache, embed_with_cache
-from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Change, Mirror, TreeEntry
+from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobState, Source, utcnow
 from scopekb.settings import Settings, git_cache_dir
@@ -37,6 +38,9 @@ from scopekb.stores.base import ChunkStore
 from scopekb.stores.records import RecordStore
 
 log = get_logger(__name__)
+
+SKIP_UNSUPPORTED = "unsupported_document"
+SKIP_UNREADABLE = "unreadable_document"
 
 #: Progress callback: (phase, done, total). Phases: "read", "index".
 Progress = Callable[[str, int, int], None]
@@ -129,44 +133,54 @@ def _delete_branch(deps: SyncDeps, job: Job, sources: list[Source]) -> None:
     log.info("branch_deleted", job_id=job.id, ref=job.ref, chunks_deleted=job.chunks_deleted)
 
 
-def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | None) -> None:
+def _reader(deps: SyncDeps, src: Source) -> Mirror | ObjectPrefix:
     s = deps.settings
-    mirror = Mirror(git_cache_dir(s), sources[0].repo_url, allow_local=s.git.allow_local_paths,
-                    timeout_s=s.git.fetch_timeout_s)
+    if src.kind == "s3":
+        return ObjectPrefix(s.s3, src.bucket or s.s3.bucket, src.prefix or "")
+    return Mirror(git_cache_dir(s), src.repo_url, allow_local=s.git.allow_local_paths, timeout_s=s.git.fetch_timeout_s)
+
+
+def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | None) -> None:
+    reader = _reader(deps, sources[0])
     try:
-        mirror.fetch()
-        target = mirror.resolve(sources[0].ref)
-        if target is None:
-            raise SyncError(f"ref {sources[0].ref!r} not found in {sources[0].repo_url}")
+        reader.fetch()
+        if isinstance(reader, ObjectPrefix):
+            tree = reader.tree()
+            target = hashlib.sha1("\n".join(f"{p}\0{e.sha}" for p, e in sorted(tree.items())).encode()).hexdigest()
+        else:
+            resolved = reader.resolve(sources[0].ref)
+            if resolved is None:
+                raise SyncError(f"ref {sources[0].ref!r} not found in {sources[0].repo_url}")
+            target = resolved
+            tree = {e.path: e for e in reader.tree(target)}
         job.to_commit = target
-        tree = {e.path: e for e in mirror.tree(target)}
-        plans = [_plan(deps, mirror, src, target, tree) for src in sources]
+        plans = [_plan(deps, reader, src, target, tree) for src in sources]
         job.from_commit = {p.source.id: p.from_commit for p in plans}
         deps.records.put_job(job)
         wanted = sorted({p for plan in plans for p in plan.to_index})
         job.files_seen = len(wanted)
-        prepared = _read_and_store(deps, mirror, tree, wanted, job, progress)
+        prepared = _read_and_store(deps, reader, tree, wanted, job, progress)
     finally:
-        mirror.close()
+        reader.close()
     failed_sources = _index(deps, job, plans, prepared, target, progress)
     for plan in plans:
-        for path in plan.to_delete:
-            job.chunks_deleted += deps.chunks.delete_path(plan.source.agent_name, plan.source.context_id,
-                                                          plan.source.id, path)
+        if plan.to_delete:
+            job.chunks_deleted += deps.chunks.delete_paths(plan.source.agent_name, plan.source.context_id,
+                                                           plan.source.id, plan.to_delete)
         job.files_deleted += len(plan.to_delete)
     for plan in plans:
         if plan.source.id not in failed_sources:
             deps.records.set_indexed_commit(plan.source.id, target)
 
 
-def _plan(deps: SyncDeps, mirror: Mirror, src: Source, target: str, tree: dict[str, TreeEntry]) -> _Plan:
+def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix, src: Source, target: str,
+          tree: dict[str, TreeEntry]) -> _Plan:
     last = deps.records.indexed_commit(src.id)
     plan = _Plan(source=src, from_commit=last)
     if last == target:
         return plan
-    if last and mirror.has_commit(last):
-        changes: list[Change] = mirror.diff(last, target)
-        for c in changes:
+    if isinstance(reader, Mirror) and last and reader.has_commit(last):
+        for c in reader.diff(last, target):
             if c.status == "D":
                 plan.to_delete.append(c.path)
             else:
@@ -175,24 +189,30 @@ def _plan(deps: SyncDeps, mirror: Mirror, src: Source, target: str, tree: dict[s
                 plan.to_index.append(c.path)
                 if c.status != "A":
                     plan.maybe_stale.add(c.path)
-        log.info("sync_planned", source_id=src.id, mode="diff", from_commit=last, to_commit=target,
-                 index=len(plan.to_index), delete=len(plan.to_delete))
-        return plan
-    # No usable state: index the whole tree and drop whatever the index holds that the tree does not.
-    plan.to_index = list(tree)
-    indexed = deps.chunks.indexed_paths(src.id, src.agent_name, src.context_id)
-    plan.to_delete = sorted(indexed - set(tree))
-    plan.maybe_stale = indexed & set(tree)
-    log.info("sync_planned", source_id=src.id, mode="full", from_commit=last, to_commit=target,
+        mode = "diff"
+    else:
+        # No usable state (first sync, history rewritten, an object listing): compare the tree with what the
+        # index holds, by content id, so unchanged documents are neither read nor written again.
+        indexed = deps.chunks.indexed_blobs(src.id, src.agent_name, src.context_id)
+        plan.to_index = [p for p, e in tree.items() if indexed.get(p) != e.sha]
+        plan.to_delete = sorted(set(indexed) - set(tree))
+        plan.maybe_stale = set(indexed) & set(plan.to_index)
+        mode = "full"
+    if src.include or src.exclude:  # the source's own globs: excluded paths are dropped, and lose their chunks
+        excluded = [p for p in plan.to_index if filetypes.path_skip_reason(p, src.include, src.exclude)]
+        plan.to_index = [p for p in plan.to_index if p not in set(excluded)]
+        plan.to_delete = sorted(set(plan.to_delete) | set(excluded))
+    log.info("sync_planned", source_id=src.id, mode=mode, from_commit=last, to_commit=target,
              index=len(plan.to_index), delete=len(plan.to_delete))
     return plan
 
 
-def _read_and_store(deps: SyncDeps, mirror: Mirror, tree: dict[str, TreeEntry], paths: list[str], job: Job,
-                    progress: Progress | None) -> dict[str, _Prepared]:
+def _read_and_store(deps: SyncDeps, mirror: Mirror | ObjectPrefix, tree: dict[str, TreeEntry], paths: list[str],
+                    job: Job, progress: Progress | None) -> dict[str, _Prepared]:
     """Classify and read each path once; put text blobs in the blob store. Returns path → outcome."""
     s = deps.settings
-    vendored = _vendored_paths(mirror, tree)
+    documents = isinstance(mirror, ObjectPrefix)
+    vendored = frozenset() if documents else _vendored_paths(mirror, tree)
     out: dict[str, _Prepared] = {}
     stored: set[str] = set()
     for n, path in enumerate(paths, 1):
@@ -208,9 +228,17 @@ def _read_and_store(deps: SyncDeps, mirror: Mirror, tree: dict[str, TreeEntry], 
             reason = filetypes.path_skip_reason(path, (), (), vendored)
             if reason is None and e.size is not None and e.size > s.git.max_file_bytes:
                 reason = filetypes.SKIP_TOO_LARGE
+        if reason is None and documents and not path.lower().endswith(DOCUMENT_SUFFIXES):
+            reason = SKIP_UNSUPPORTED
         if reason is None and e.sha not in stored:
             data = mirror.read_blob(e.sha)
-            reason = filetypes.content_skip_reason(data)
+            if documents:
+                try:
+                    data = to_text(path, data) or data
+                except DocumentError as err:
+                    reason = SKIP_UNREADABLE
+                    job.errors.append(f"{path}: {err}")
+            reason = reason or filetypes.content_skip_reason(data)
             if reason is None:
                 deps.blobs.put(blob_key(e.sha), data)
                 stored.add(e.sha)
@@ -269,7 +297,9 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
                     failed.add(plan.source.id)
                 ids = keep.setdefault((plan.source.id, path), [])
                 for c in chunks:
-                    doc = _doc(plan.source, path, lang, c, sha, commit, now)
+                    # A file whose embedding failed carries no blob id, so the next full sync sees it as
+                    # changed and retries it (keyword search finds it meanwhile).
+                    doc = _doc(plan.source, path, lang, c, "" if path in failed_paths else sha, commit, now)
                     vec = vectors.get((path, c.chunk_index))
                     if vec is not None and deps.embedder is not None:
                         doc[F.EMBEDDING] = vec

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
 #: Agent names and context ids: printable, no whitespace at the ends, no control characters. Case-sensitive.
 _SCOPE_RE = re.compile(r"^[^\x00-\x1f\x7f\s](?:[^\x00-\x1f\x7f]{0,198}[^\x00-\x1f\x7f\s])?$")
@@ -49,11 +49,14 @@ class Scope(BaseModel):
 
 
 class SourceCreate(BaseModel):
-    """A git repository + ref bound to one scope (a request to register a source)."""
+    """A git repository + ref, or an object-store prefix, bound to one scope (a request to register a source)."""
 
     agent_name: str
     context_id: str
-    repo_url: str = Field(description="https/ssh clone URL, or a local path where allowed")
+    kind: Literal["git", "s3"] = Field(default="git", description="git repository or object-store prefix")
+    repo_url: str = Field(default="", description="git: https/ssh clone URL, or a local path where allowed")
+    bucket: str | None = Field(default=None, description="s3: bucket (default: the configured one)")
+    prefix: str | None = Field(default=None, description="s3: key prefix whose objects are the documents")
     ref: str = Field(default="main", description="branch name (refs/heads/ prefix optional)")
     repo_name: str | None = Field(
         default=None, description="the host's full name, e.g. 'owner/repo'; also matches webhook payloads")
@@ -80,6 +83,19 @@ class SourceCreate(BaseModel):
         if not v or v.startswith("/") or ".." in v or any(c in v for c in " ~^:?*[\\\x00"):
             raise ValueError("ref must be a branch name such as 'main'")
         return v
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> SourceCreate:
+        if self.kind == "git":
+            if not self.repo_url.strip():
+                raise ValueError("repo_url is required for a git source")
+        else:
+            prefix = (self.prefix or "").strip("/")
+            if not prefix or ".." in prefix.split("/"):
+                raise ValueError("prefix is required for an s3 source (e.g. 'agents/alpha/docs')")
+            self.prefix = prefix
+            self.repo_url = f"s3://{self.bucket or ''}/{prefix}"
+        return self
 
 
 class Source(SourceCreate):

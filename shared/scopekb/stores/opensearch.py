@@ -256,6 +256,15 @@ class OpenSearchChunkStore:
             flt.append({"term": {F.CONTEXT_ID: context_id}})
         return {b[F.PATH] for b in self._composite(flt, [F.PATH])}
 
+    def indexed_blobs(self, source_id: str, agent_name: str, context_id: str) -> dict[str, str]:
+        """path → blob id of what one scope of a source holds (``""`` when a path mixes versions)."""
+        flt: list[dict[str, Any]] = [{"term": {F.SOURCE_ID: source_id}}, {"term": {F.AGENT_NAME: agent_name}},
+                                     {"term": {F.CONTEXT_ID: context_id}}]
+        out: dict[str, str] = {}
+        for b in self._composite(flt, [F.PATH, F.BLOB_SHA]):
+            out[b[F.PATH]] = "" if b[F.PATH] in out else b[F.BLOB_SHA]
+        return out
+
     def _composite(self, flt: list[dict[str, Any]], keys: list[str]) -> Iterator[dict[str, Any]]:
         after: dict[str, Any] | None = None
         while True:

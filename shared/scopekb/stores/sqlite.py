@@ -632,6 +632,21 @@ class SqliteChunkStore:
             rows = conn.execute(f"SELECT DISTINCT path FROM chunks WHERE {' AND '.join(where)}", args).fetchall()
         return {r[0] for r in rows if r[0] is not None}
 
+    def indexed_blobs(self, source_id: str, agent_name: str, context_id: str) -> dict[str, str]:
+        """path → blob id of what one scope of a source holds (``""`` when a path mixes versions)."""
+        with self._db.read() as conn:
+            if not self._readable(conn):
+                return {}
+            rows = conn.execute(
+                "SELECT DISTINCT c.path, json_extract(d.doc, '$.blob_sha') FROM chunks c"
+                " JOIN chunk_docs d ON d.rowid = c.rowid"
+                " WHERE c.source_id = ? AND c.agent_name = ? AND c.context_id = ?",
+                (source_id, agent_name, context_id)).fetchall()
+        out: dict[str, str] = {}
+        for path, sha in rows:
+            out[path] = "" if path in out else (sha or "")
+        return out
+
     def source_stats(self, source_id: str) -> dict[str, int]:
         """``{"documents": distinct paths, "chunks": chunk count}`` for one source."""
         with self._db.read() as conn:
