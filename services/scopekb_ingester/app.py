@@ -8,10 +8,13 @@ delivery id as task and job id, and answer 202. Bad input gets 400/401/404/413, 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import threading
 import time
 from typing import Any
+from urllib.parse import unquote_plus
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -86,6 +89,50 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/metrics")
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest().decode(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/webhooks/s3", status_code=202)
+    async def s3_events(request: Request) -> JSONResponse:
+        """S3 event notifications (``{"Records": [{"s3": {"bucket": {"name"}, "object": {"key"}}}]}``, keys
+        URL-encoded as AWS sends them): every object-store source whose bucket and prefix cover a changed key is
+        synced. Protected by ``X-Scopekb-Token`` (``ingester.s3_event_token``)."""
+        clear_context()
+        token = settings.ingester.s3_event_token
+        if token is None:
+            return _err(404, "object-store events are not enabled", "s3", "disabled")
+        raw = await request.body()
+        if len(raw) > settings.ingester.max_body_bytes:
+            return _err(413, "body too large", "s3", "too_large")
+        given = request.headers.get("x-scopekb-token") or ""
+        if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
+            return _err(401, "invalid token", "s3", "bad_signature")
+        try:
+            records = json.loads(raw).get("Records")
+            changed = {(r["s3"]["bucket"]["name"], unquote_plus(r["s3"]["object"]["key"])) for r in records}
+        except (ValueError, AttributeError, TypeError, KeyError):
+            return _err(400, "body must be an S3 event with Records[].s3.bucket.name and .object.key", "s3",
+                        "bad_request")
+        try:
+            sources = [x for x in cache.get() if x.kind == "s3"]
+        except Exception as e:  # the source registry is unreachable: the sender retries later
+            log.error("webhook_sources_unavailable", error=str(e))
+            return _err(503, "source registry unavailable, retry later", "s3", "unavailable")
+        targets = [x for x in sources
+                   if any(b == (x.bucket or settings.s3.bucket) and k.startswith((x.prefix or "") + "/")
+                          for b, k in changed)]
+        if not targets:
+            return JSONResponse({"status": "ignored", "reason": "no source covers these keys"}, status_code=202)
+        delivery = "s3-" + hashlib.sha256(raw).hexdigest()[:32]
+        bind_context(delivery_id=delivery, provider="s3")
+        if not queue.claim_delivery(rds, "s3", delivery, settings.ingester.dedupe_ttl_s):
+            return JSONResponse({"status": "duplicate", "job_id": delivery}, status_code=200)
+        job_ids = []
+        for n, src in enumerate(targets):
+            job_id = f"{delivery}:{n}"
+            celery.send_task(queue.TASK_SYNC_SOURCES, task_id=job_id, kwargs={
+                "job_id": job_id, "source_ids": [src.id], "trigger": "s3-event", "delivery_id": delivery})
+            job_ids.append(job_id)
+        WEBHOOKS.labels("s3", "queued").inc()
+        return JSONResponse({"status": "queued", "job_ids": job_ids}, status_code=202)
 
     @app.post("/webhooks/{provider}", status_code=202)
     async def webhook(provider: str, request: Request) -> JSONResponse:

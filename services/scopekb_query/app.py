@@ -188,11 +188,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.post("/v1/sources", status_code=201, dependencies=[Depends(admin_only)])
     def add_source(body: SourceCreate) -> dict[str, Any]:
-        """Register a repository + ref for a scope. The clone URL is validated (https/ssh; no private hosts)."""
-        try:
-            url = validate_repo_url(body.repo_url, settings.git.allow_local_paths, settings.git.host_allowlist)
-        except InvalidRepoUrl as e:
-            raise HTTPException(422, str(e)) from None
+        """Register a git repository + ref, or an object-store prefix, for a scope. Clone URLs are validated
+        (https/ssh; no private, loopback or metadata hosts unless allowlisted)."""
+        url = body.repo_url
+        if body.kind == "git":
+            try:
+                url = validate_repo_url(body.repo_url, settings.git.allow_local_paths, settings.git.host_allowlist)
+            except InvalidRepoUrl as e:
+                raise HTTPException(422, str(e)) from None
         src = Source(**{**body.model_dump(), "repo_url": url, "webhook_secret": body.webhook_secret},
                      id=Source.new_id())
         rt.records.put_source(src)
@@ -222,19 +225,45 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         queue.bump_sources_version(redis_client(settings))
         return {"deleted": True, "chunks_deleted": deleted}
 
+    def _enqueue_sync(src: Source, trigger: str) -> str:
+        job_id = f"{trigger}-" + uuid.uuid4().hex[:16]
+        redis_client(settings).set(JOB_QUEUED_KEY.format(job_id=job_id), json.dumps(
+            {"id": job_id, "state": "queued", "source_ids": [src.id], "ref": src.ref, "trigger": trigger}),
+            ex=settings.worker.result_expires_s)
+        celery.send_task(queue.TASK_SYNC_SOURCES, task_id=job_id, kwargs={
+            "job_id": job_id, "source_ids": [src.id], "trigger": trigger})
+        return job_id
+
     @app.post("/v1/sources/{source_id}/sync", status_code=202, dependencies=[Depends(admin_only)])
     def sync_now(source_id: str) -> dict[str, Any]:
-        """Enqueue a sync of the source to its ref's current commit."""
+        """Enqueue a sync of the source to its ref's current commit (or its prefix's current listing)."""
         src = rt.records.get_source(source_id)
         if src is None:
             raise HTTPException(404, "source not found")
-        job_id = "manual-" + uuid.uuid4().hex[:16]
-        redis_client(settings).set(JOB_QUEUED_KEY.format(job_id=job_id), json.dumps(
-            {"id": job_id, "state": "queued", "source_ids": [src.id], "ref": src.ref, "trigger": "manual"}),
-            ex=settings.worker.result_expires_s)
-        celery.send_task(queue.TASK_SYNC_SOURCES, task_id=job_id, kwargs={
-            "job_id": job_id, "source_ids": [src.id], "trigger": "manual"})
-        return {"status": "queued", "job_id": job_id}
+        return {"status": "queued", "job_id": _enqueue_sync(src, "manual")}
+
+    @app.post("/v1/sources/{source_id}/documents", status_code=202, dependencies=[Depends(admin_only)])
+    async def upload_document(source_id: str, name: str, request: Request) -> dict[str, Any]:
+        """Store a document (raw request body) under an object-store source's prefix and index it.
+
+        ``name`` is the document's path below the prefix (e.g. ``runbooks/restart.md``).
+        """
+        from scopekb.documents import ObjectPrefix
+
+        src = rt.records.get_source(source_id)
+        if src is None:
+            raise HTTPException(404, "source not found")
+        if src.kind != "s3":
+            raise HTTPException(400, "documents can only be uploaded to an object-store (s3) source")
+        rel = name.strip().lstrip("/")
+        if not rel or ".." in rel.split("/") or any(ord(c) < 32 for c in rel) or len(rel) > 900:
+            raise HTTPException(422, "name must be a relative path without '..' or control characters")
+        data = await request.body()
+        if len(data) > settings.ingester.max_body_bytes * 10:
+            raise HTTPException(413, "document too large")
+        store = ObjectPrefix(settings.s3, src.bucket or settings.s3.bucket, src.prefix or "")
+        key = store.put(rel, data, request.headers.get("content-type") or "application/octet-stream")
+        return {"status": "queued", "key": key, "job_id": _enqueue_sync(src, "upload")}
 
     def _source_status(src: Source) -> dict[str, Any]:
         stats = rt.chunks.source_stats(src.id)

@@ -144,6 +144,8 @@ class IngesterSettings(BaseModel):
     max_body_bytes: int = 5 * 1024 * 1024
     #: How long a delivery id is remembered for dedupe, in seconds.
     dedupe_ttl_s: int = 7 * 24 * 3600
+    #: Token object-store event notifications must carry (``X-Scopekb-Token``); unset disables /webhooks/s3.
+    s3_event_token: SecretStr | None = None
 
 
 class WorkerSettings(BaseModel):

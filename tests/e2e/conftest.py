@@ -21,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "e2e-admin-" + uuid.uuid4().hex
+S3_EVENT_TOKEN = "e2e-s3-" + uuid.uuid4().hex
 
 
 def free_port() -> int:
@@ -95,6 +96,7 @@ def stack_env(opensearch_url: str, redis_url: str, s3_config: dict, tmp_path_fac
         "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true",
         "SCOPEKB_DATA_DIR": str(data),
         "SCOPEKB_QUERY__ADMIN_TOKEN": ADMIN_TOKEN,
+        "SCOPEKB_INGESTER__S3_EVENT_TOKEN": S3_EVENT_TOKEN,
         "SCOPEKB_LOG_FORMAT": "json",
     }
 
