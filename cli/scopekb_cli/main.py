@@ -94,6 +94,22 @@ def worker(concurrency: int = 2, loglevel: str = "INFO") -> None:
 
 
 @app.command()
+def mcp(key: Annotated[str | None, typer.Option(envvar="SCOPEKB_MCP_KEY",
+                                              help="agent key (or SCOPEKB_MCP_KEY, which keeps it out of ps)")]
+        = None) -> None:
+    """Serve the MCP tools (search, status, index) over stdio for a local agent, scoped by an agent key."""
+    from scopekb.auth import Unauthenticated
+    from scopekb_query.mcp_server import run_stdio
+
+    if not key:
+        raise CliError("an agent key is required: --key or SCOPEKB_MCP_KEY (create one with `scopekb key create`)")
+    try:
+        run_stdio(key, get_settings())
+    except Unauthenticated as e:
+        raise CliError(f"key refused: {e}") from None
+
+
+@app.command()
 def beat(loglevel: str = "INFO") -> None:
     """Run Celery beat (periodic reconcile). Run exactly one."""
     from scopekb_worker.app import app as celery_app

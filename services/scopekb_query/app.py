@@ -18,13 +18,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import TransportError
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from scopekb import queue
 from scopekb.auth import ApiKey, AuthError, hash_key, new_key, resolve_scope, tokens_equal
 from scopekb.deadletters import list_dead_letters, replay
 from scopekb.logging import configure_logging, get_logger
-from scopekb.models import Job, SearchRequest, SearchResponse, Source, SourceCreate, utcnow
+from scopekb.models import Job, Scope, SearchRequest, SearchResponse, Source, SourceCreate, utcnow
 from scopekb.runtime import build_runtime, redis_client
 from scopekb.search import SearchUnavailable, render_text, run_search
 from scopekb.settings import Settings, get_settings
@@ -42,8 +42,18 @@ class KeyCreate(BaseModel):
     """Create an API key bound to one agent (optionally to some of its contexts)."""
 
     agent_name: str = Field(min_length=1, max_length=200)
-    context_ids: list[str] | None = None
-    label: str | None = None
+    context_ids: list[str] | None = Field(default=None, max_length=1000)
+    label: str | None = Field(default=None, max_length=200)
+
+    @field_validator("agent_name")
+    @classmethod
+    def _agent(cls, v: str) -> str:
+        return Scope(agent_name=v, context_id="x").agent_name
+
+    @field_validator("context_ids")
+    @classmethod
+    def _contexts(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else [Scope(agent_name="x", context_id=c).context_id for c in v]
 
 
 def backend_reason(exc: TransportError) -> str:

@@ -158,8 +158,8 @@ class SearchRequest(BaseModel):
     min_score: float = Field(default=0.0, ge=0.0, le=1.0)
     context_id: str | None = None
     cross_context: bool = False
-    file_patterns: list[str] = Field(default_factory=list)
-    languages: list[str] = Field(default_factory=list)
+    file_patterns: list[str] = Field(default_factory=list, max_length=50)
+    languages: list[str] = Field(default_factory=list, max_length=50)
     source_id: str | None = None
     repo: str | None = None
     ref: str | None = None
@@ -169,6 +169,15 @@ class SearchRequest(BaseModel):
     def _not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("query must not be blank")
+        if len(v.split()) > 256:  # OpenSearch refuses more than 1,024 clauses across the boosted fields
+            raise ValueError("query has more than 256 terms")
+        return v
+
+    @field_validator("file_patterns", "languages")
+    @classmethod
+    def _short_items(cls, v: list[str]) -> list[str]:
+        if any(len(x) > 300 for x in v):
+            raise ValueError("each entry must be at most 300 characters")
         return v
 
 

@@ -6,6 +6,7 @@ Every read is filtered by a :class:`ScopeFilter`; there is no unscoped search me
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -70,7 +71,7 @@ def _glob_to_wildcards(glob: str) -> list[str]:
     alts = [parts[0]]
     for part in parts[1:]:
         alts = [a + sep + part for a in alts for sep in ("", "*/")]
-    alts = [a.replace("**", "*") for a in alts]
+    alts = [re.sub(r"\*{2,}", "*", a) for a in alts]  # runs of * match what one * matches, and cost less
     if "/" not in glob:
         alts = [w for a in alts for w in (a, "*/" + a)]
     return list(dict.fromkeys(alts))
