@@ -237,6 +237,15 @@ class Job(BaseModel):
     embeddings_computed: int = 0
     embeddings_cached: int = 0
     errors: list[str] = Field(default_factory=list)
+    retries: dict[str, int] = Field(
+        default_factory=dict,
+        description="retries by kind, summed over the task's attempts: task (re-run after a transient error), "
+                    "redelivered (re-run after the worker died), bulk_items (chunks re-sent while OpenSearch was "
+                    "unavailable or busy), embedding (embedding requests retried after 429/5xx)")
+    drift: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="per source id, what a verifying sync (reconcile) found and repaired although the source "
+                    "was already at the ref: paths missing, changed and stale in the index")
     trigger: str = "webhook"
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
@@ -255,5 +264,7 @@ class DeadLetter(BaseModel):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     error: str
     attempts: int
+    #: A file parked on its own (its chunking crashed the worker every time); None for a whole task.
+    path: str | None = None
     created_at: datetime = Field(default_factory=utcnow)
     replayed_at: datetime | None = None
