@@ -13,16 +13,26 @@ One sync brings every given source of one repository to the ref's current commit
    scope with deterministic ids, delete the stale chunks of those paths;
 5. delete the chunks of removed and renamed-away paths;
 6. advance each source's sync state only when all of its writes succeeded.
+
+Faults (DESIGN §11, issue 12): the sync state carries a ``writing`` marker while a sync writes, so the next sync
+knows when one died half-way (a file's chunks may be partly written) and re-plans what it touched; bulk items
+OpenSearch could not take (unreachable, 429, 5xx) are re-sent with jittered backoff, bounded, and then the sync
+fails as :class:`StoreUnavailable` for the task to retry later; a file whose chunking kills the process every
+time is counted per attempt (:class:`FileAttempts`) and, past the limit, skipped and parked as a dead letter;
+a verifying sync (``verify=True``, the reconcile) compares the index with git's tree by content id and repairs
+what differs even when the sync state says the source is up to date.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from scopekb import fields as F
 from scopekb import filetypes
@@ -30,17 +40,34 @@ from scopekb.blobs import BlobStore, blob_key
 from scopekb.chunking import TokenCounter, chunk_document, embedding_text
 from scopekb.documents import DOCUMENT_SUFFIXES, DocumentError, ObjectPrefix, to_text
 from scopekb.embedding import Embedder, EmbeddingCache, embed_with_cache
+from scopekb.embedding.limits import backoff_delay
 from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobState, Source, utcnow
 from scopekb.settings import Settings, git_cache_dir
-from scopekb.stores.base import ChunkStore
+from scopekb.stores.base import BulkReport, ChunkStore
 from scopekb.stores.records import RecordStore
 
 log = get_logger(__name__)
 
 SKIP_UNSUPPORTED = "unsupported_document"
 SKIP_UNREADABLE = "unreadable_document"
+#: Skip reasons of files whose chunking crashed the process too often, or raised.
+SKIP_POISON = "poison"
+SKIP_CHUNKING_ERROR = "chunking_error"
+
+#: Bulk items OpenSearch did not take because it was unreachable, busy or failing (``status: reason`` prefixes
+#: of :class:`BulkReport` errors) are re-sent up to this many rounds, with jittered exponential backoff
+#: (about 40 s in all), before the sync gives up with :class:`StoreUnavailable`.
+BULK_RETRY_ROUNDS = 6
+BULK_BACKOFF_BASE_S = 1.0
+BULK_BACKOFF_MAX_S = 20.0
+_TRANSIENT_BULK_STATUSES = frozenset({"N/A", "TIMEOUT", "429", "502", "503", "504"})
+
+#: Test-only fault injection: with ``SCOPEKB_TESTING_FAULTS=1``, chunking a path listed (comma-separated) in
+#: ``SCOPEKB_TEST_CRASH_CHUNKING`` ends the process at once (``os._exit``), as a segfault or OOM kill would.
+TESTING_FAULTS_ENV = "SCOPEKB_TESTING_FAULTS"
+CRASH_CHUNKING_ENV = "SCOPEKB_TEST_CRASH_CHUNKING"
 
 #: Progress callback: (phase, done, total). Phases: "read", "index".
 Progress = Callable[[str, int, int], None]
@@ -48,6 +75,35 @@ Progress = Callable[[str, int, int], None]
 
 class SyncError(RuntimeError):
     """A sync cannot run (no sources, sources of different repositories, ref missing)."""
+
+
+class StoreUnavailable(RuntimeError):
+    """OpenSearch kept refusing or not answering writes through the bounded bulk retries (transient: the task
+    retries the sync later; nothing was recorded as indexed)."""
+
+
+class FileAttempts(Protocol):
+    """Attempts at chunking one file (``path`` at blob ``sha``) for a group of sources, counted where they
+    survive the process (Redis in the worker), so a file whose chunking kills the process every time is noticed
+    on the next delivery of the task instead of crashing it forever.
+
+    Attributes:
+        limit: attempts allowed; the next one is not made: the file is skipped and :meth:`park` is called.
+    """
+
+    limit: int
+
+    def begin(self, source_ids: Sequence[str], path: str, sha: str) -> int:
+        """Count an attempt that is about to start; returns the attempts so far, this one included."""
+        ...
+
+    def done(self, source_ids: Sequence[str], path: str, sha: str) -> None:
+        """The attempt finished (the process survived it): forget the count."""
+        ...
+
+    def park(self, job: Job, path: str, sha: str, attempts: int) -> None:
+        """Record the file as a dead letter (replaying it retries the sync with the count reset)."""
+        ...
 
 
 @dataclass
@@ -61,6 +117,8 @@ class SyncDeps:
     embedder: Embedder | None = None
     embed_cache: EmbeddingCache | None = None
     counter: TokenCounter | None = None
+    #: Crash-survivable attempt counts per file (None: not tracked, e.g. the embedded profile's one process).
+    attempts: FileAttempts | None = None
 
 
 @dataclass
@@ -71,6 +129,20 @@ class _Plan:
     to_delete: list[str] = field(default_factory=list)
     #: Paths being re-indexed that may already have chunks (modified, or present in the index before).
     maybe_stale: set[str] = field(default_factory=set)
+    #: The sync state record as read before planning (restored without the ``writing`` marker if needed).
+    state: dict[str, Any] = field(default_factory=dict)
+    #: A verifying sync of an up-to-date source: paths the index lacks, holds at another version, or holds
+    #: although git does not (``missing``, ``changed``, ``stale``).
+    drift: dict[str, set[str]] | None = None
+
+
+@dataclass
+class _Outcome:
+    """What :func:`_index` did: sources with a failed file, sources with chunks OpenSearch refused, paths written."""
+
+    failed: set[str] = field(default_factory=set)
+    refused: set[str] = field(default_factory=set)
+    written: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -82,15 +154,22 @@ class _Prepared:
 
 
 def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str = "webhook",
-             branch_deleted: bool = False, progress: Progress | None = None) -> Job:
+             branch_deleted: bool = False, progress: Progress | None = None, verify: bool = False,
+             attempt: int = 0) -> Job:
     """Bring ``source_ids`` (one repository, one ref) to the ref's current commit and return the job record.
 
     The job record (``jobs`` system index, id ``job_id``) is updated as the sync goes. Idempotent: a retry with
     the same arguments converges to the same index (deterministic ids; unchanged files are not rewritten).
 
+    Args:
+        verify: compare the index with the tree by content id and repair any difference, even for a source
+            whose sync state is already at the ref (the reconcile's check); what it repaired is ``job.drift``.
+        attempt: how many times the task already ran this job and failed transiently (``job.retries["task"]``).
+
     Raises:
         SyncError: the sources are missing or span several repositories or refs.
         scopekb.gitrepo.GitError: the repository cannot be fetched.
+        StoreUnavailable: OpenSearch did not take the writes within the bounded retries.
     """
     sources = [s for s in (deps.records.get_source(i) for i in source_ids) if s is not None]
     if not sources:
@@ -98,22 +177,31 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
     repo_url, ref = sources[0].repo_url, sources[0].ref
     if any(s.repo_url != repo_url or s.ref != ref for s in sources):
         raise SyncError("one sync covers one repository and ref; split the sources")
-    job = deps.records.get_job(job_id) or Job(id=job_id, trigger=trigger)
-    job = Job(id=job_id, trigger=job.trigger, created_at=job.created_at, source_ids=[s.id for s in sources],
-              repo=sources[0].repo_name or repo_url, ref=ref, state=JobState.running, started_at=utcnow())
+    prev = deps.records.get_job(job_id)
+    job = Job(id=job_id, trigger=prev.trigger if prev else trigger, created_at=prev.created_at if prev else utcnow(),
+              source_ids=[s.id for s in sources], repo=sources[0].repo_name or repo_url, ref=ref,
+              state=JobState.running, started_at=utcnow(), retries=dict(prev.retries) if prev else {})
+    if prev is not None and prev.state == JobState.running:  # the process running it died (or still runs)
+        _count(job, "redelivered")
+    if attempt:
+        job.retries["task"] = attempt
     deps.records.put_job(job)
     t0 = time.monotonic()
     try:
-        if branch_deleted:
-            _delete_branch(deps, job, sources)
-        else:
-            _sync(deps, job, sources, progress)
+        with _counting_embedding_retries(deps.embedder, job):
+            if branch_deleted:
+                _delete_branch(deps, job, sources)
+            else:
+                _sync(deps, job, sources, progress, verify)
     except Exception as e:  # recorded, then re-raised for the task's retry policy
         job.state = JobState.failed
         job.errors.append(f"{type(e).__name__}: {e}")
         job.finished_at = utcnow()
-        deps.records.put_job(job)
-        log.error("sync_failed", job_id=job.id, error=str(e))
+        log.error("sync_failed", job_id=job.id, error=str(e), retries=job.retries)
+        try:
+            deps.records.put_job(job)
+        except Exception as store_error:  # noqa: BLE001 - the store may be what failed; keep the first error
+            log.error("job_record_not_stored", job_id=job.id, error=str(store_error))
         raise
     if job.chunks_written or job.chunks_deleted:
         deps.chunks.refresh()  # a finished job means its changes are searchable
@@ -122,8 +210,36 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
     deps.records.put_job(job)
     log.info("sync_finished", job_id=job.id, state=job.state.value, to_commit=job.to_commit,
              files_indexed=job.files_indexed, files_deleted=job.files_deleted, chunks_written=job.chunks_written,
-             chunks_deleted=job.chunks_deleted, seconds=round(time.monotonic() - t0, 3))
+             chunks_deleted=job.chunks_deleted, retries=job.retries, drift=job.drift,
+             seconds=round(time.monotonic() - t0, 3))
     return job
+
+
+def _count(job: Job, kind: str, n: int = 1) -> None:
+    job.retries[kind] = job.retries.get(kind, 0) + n
+
+
+@contextlib.contextmanager
+def _counting_embedding_retries(embedder: Embedder | None, job: Job) -> Iterator[None]:
+    """Count the embedder's retries (429/5xx/connection errors) into ``job.retries["embedding"]``.
+
+    The OpenAI-compatible provider calls its ``sleep`` hook once before every retry; it is wrapped for the
+    duration of the sync (one sync at a time per process). Providers without retries are left alone.
+    """
+    sleep = getattr(embedder, "_sleep", None)
+    if embedder is None or not callable(sleep):
+        yield
+        return
+
+    def counted(delay: float) -> None:
+        _count(job, "embedding")
+        sleep(delay)
+
+    embedder._sleep = counted  # type: ignore[attr-defined]  # the provider's documented sleep hook
+    try:
+        yield
+    finally:
+        embedder._sleep = sleep  # type: ignore[attr-defined]
 
 
 def _delete_branch(deps: SyncDeps, job: Job, sources: list[Source]) -> None:
@@ -140,7 +256,7 @@ def _reader(deps: SyncDeps, src: Source) -> Mirror | ObjectPrefix:
     return Mirror(git_cache_dir(s), src.repo_url, allow_local=s.git.allow_local_paths, timeout_s=s.git.fetch_timeout_s)
 
 
-def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | None) -> None:
+def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | None, verify: bool = False) -> None:
     reader = _reader(deps, sources[0])
     try:
         reader.fetch()
@@ -154,7 +270,7 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
             target = resolved
             tree = {e.path: e for e in reader.tree(target)}
         job.to_commit = target
-        plans = [_plan(deps, reader, src, target, tree) for src in sources]
+        plans = [_plan(deps, reader, src, target, tree, verify) for src in sources]
         job.from_commit = {p.source.id: p.from_commit for p in plans}
         deps.records.put_job(job)
         wanted = sorted({p for plan in plans for p in plan.to_index})
@@ -162,25 +278,53 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
         prepared = _read_and_store(deps, reader, tree, wanted, job, progress)
     finally:
         reader.close()
-    failed_sources = _index(deps, job, plans, prepared, target, progress)
+    for plan in plans:  # from here on a death leaves files half-written: say so in the sync state first
+        if plan.to_index or plan.to_delete:
+            deps.records.put("state", plan.source.id, {**plan.state, "source_id": plan.source.id,
+                                                       "writing": target}, wait=False)
+    outcome = _index(deps, job, plans, prepared, target, progress)
     for plan in plans:
         if plan.to_delete:
             job.chunks_deleted += deps.chunks.delete_paths(plan.source.agent_name, plan.source.context_id,
                                                            plan.source.id, plan.to_delete)
         job.files_deleted += len(plan.to_delete)
     for plan in plans:
-        if plan.source.id not in failed_sources:
-            deps.records.set_indexed_commit(plan.source.id, target)
+        sid = plan.source.id
+        if plan.drift is not None:
+            found = {"missing": len(plan.drift["missing"] & outcome.written), "changed": len(plan.drift["changed"]),
+                     "stale": len(plan.drift["stale"])}
+            if any(found.values()):
+                job.drift[sid] = found
+                log.warning("index_drift_repaired", source_id=sid, **found,
+                            sample=sorted((plan.drift["missing"] & outcome.written) | plan.drift["changed"]
+                                          | plan.drift["stale"])[:5])
+        if sid not in outcome.failed:
+            deps.records.set_indexed_commit(sid, target)
+        elif (plan.to_index or plan.to_delete) and sid not in outcome.refused:
+            # Every write was made; the failed files carry no content id (or no chunks), so the next sync retries
+            # them by itself. Chunks OpenSearch refused leave the marker: the next sync re-plans all touched paths.
+            deps.records.put("state", sid, {**plan.state, "source_id": sid}, wait=False)
 
 
 def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix, src: Source, target: str,
-          tree: dict[str, TreeEntry]) -> _Plan:
-    last = deps.records.indexed_commit(src.id)
-    plan = _Plan(source=src, from_commit=last)
-    if last == target:
+          tree: dict[str, TreeEntry], verify: bool = False) -> _Plan:
+    state = deps.records.get("state", src.id) or {}
+    writing = state.pop("writing", None)
+    last = state.get("commit")
+    plan = _Plan(source=src, from_commit=last, state=state)
+    if last == target and not writing and not verify:
         return plan
-    if isinstance(reader, Mirror) and last and reader.has_commit(last):
-        for c in reader.diff(last, target):
+    git = isinstance(reader, Mirror)
+    usable = git and last and reader.has_commit(last)
+    # A sync that died while writing (marker ``writing``) may have left files half-written at that commit: its
+    # changes are planned again too, or everything when they cannot be known.
+    touched: set[str] | None = set()
+    if writing and writing != target and usable and reader.has_commit(writing):
+        touched = {p for c in reader.diff(last, writing) for p in (c.path, c.old_path) if p}
+    elif writing and (not usable or writing != target):
+        touched = None
+    if usable and not verify and touched is not None:
+        for c in (reader.diff(last, target) if last != target else []):
             if c.status == "D":
                 plan.to_delete.append(c.path)
             else:
@@ -189,20 +333,31 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix, src: Source, target: st
                 plan.to_index.append(c.path)
                 if c.status != "A":
                     plan.maybe_stale.add(c.path)
+        for p in sorted(touched - set(plan.to_index) - set(plan.to_delete)):
+            (plan.to_index if p in tree else plan.to_delete).append(p)
+            plan.maybe_stale.add(p)
         mode = "diff"
     else:
-        # No usable state (first sync, history rewritten, an object listing): compare the tree with what the
-        # index holds, by content id, so unchanged documents are neither read nor written again.
+        # No usable state (first sync, history rewritten, an object listing) or a verifying sync: compare the
+        # tree with what the index holds, by content id, so unchanged documents are neither read nor written
+        # again - unless a sync died writing with no known set of changes: then the index's content ids are not
+        # trusted (a file may be half-written at the right id) and everything is written again.
         indexed = deps.chunks.indexed_blobs(src.id, src.agent_name, src.context_id)
-        plan.to_index = [p for p, e in tree.items() if indexed.get(p) != e.sha]
+        trusted = indexed if touched is not None else {}
+        if touched:
+            trusted = {p: sha for p, sha in indexed.items() if p not in touched}
+        plan.to_index = [p for p, e in tree.items() if trusted.get(p) != e.sha]
         plan.to_delete = sorted(set(indexed) - set(tree))
         plan.maybe_stale = set(indexed) & set(plan.to_index)
-        mode = "full"
+        mode = "verify" if verify else "full"
+        if verify and last == target and not writing:
+            plan.drift = {"missing": {p for p in plan.to_index if p not in indexed},
+                          "changed": {p for p in plan.to_index if p in indexed}, "stale": set(plan.to_delete)}
     if src.include or src.exclude:  # the source's own globs: excluded paths are dropped, and lose their chunks
         excluded = [p for p in plan.to_index if filetypes.path_skip_reason(p, src.include, src.exclude)]
         plan.to_index = [p for p in plan.to_index if p not in set(excluded)]
         plan.to_delete = sorted(set(plan.to_delete) | set(excluded))
-    log.info("sync_planned", source_id=src.id, mode=mode, from_commit=last, to_commit=target,
+    log.info("sync_planned", source_id=src.id, mode=mode, from_commit=last, to_commit=target, writing=writing,
              index=len(plan.to_index), delete=len(plan.to_delete))
     return plan
 
@@ -262,13 +417,16 @@ def _vendored_paths(mirror: Mirror, tree: dict[str, TreeEntry]) -> frozenset[str
 
 
 def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Prepared], commit: str,
-           progress: Progress | None) -> set[str]:
-    """Chunk and write every planned path for every source, batch by batch. Returns ids of failed sources."""
+           progress: Progress | None) -> _Outcome:
+    """Chunk and write every planned path for every source, batch by batch."""
     s = deps.settings
-    failed: set[str] = set()
+    out = _Outcome()
+    failed = out.failed
     chunk_cache: dict[str, list[Chunk]] = {}  # blob sha -> chunks: one chunking per blob per sync
     index_sets = {plan.source.id: frozenset(plan.to_index) for plan in plans}
     all_paths = sorted(set().union(*index_sets.values()))
+    group = sorted(index_sets)
+    crash = _test_crash_paths()
     done = 0
     for i in range(0, len(all_paths), s.worker.batch_files):
         batch = all_paths[i:i + s.worker.batch_files]
@@ -276,18 +434,22 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
         keep: dict[tuple[str, str], list[str]] = {}
         now = utcnow().isoformat()
         per_path: list[tuple[str, str, str, list[Chunk]]] = []  # (path, language, blob sha, chunks)
+        failed_paths: set[str] = set()
         for path in batch:
             prep = prepared.get(path)
             if prep is None:
                 continue
             chunks: list[Chunk] = []
             if prep.skip is None:
-                chunks = chunk_cache.get(prep.entry.sha) or _chunk_blob(deps, path, prep.entry.sha, s)
-                chunk_cache[prep.entry.sha] = chunks
+                sha = prep.entry.sha
+                got = chunk_cache[sha] if sha in chunk_cache else _chunk_file(deps, job, group, path, sha, crash)
+                if got is None:
+                    failed_paths.add(path)
+                else:
+                    chunks = chunk_cache[sha] = got
             per_path.append((path, filetypes.language_for(path), prep.entry.sha, chunks))
             if prep.skip is None and chunks:
                 job.files_indexed += 1
-        failed_paths: set[str] = set()
         vectors = _embed(deps, job, per_path, failed_paths)
         for path, lang, sha, chunks in per_path:
             for plan in plans:
@@ -306,7 +468,7 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
                         doc[F.EMBEDDING_MODEL] = deps.embedder.model_id
                     docs.append(doc)
                     ids.append(doc["_id"])
-        report = deps.chunks.bulk_write(docs)
+        report = _bulk_write(deps, job, docs)
         job.chunks_written += report.written
         bad_ids = {d for d, _, _ in report.errors}
         for _doc_id, path, reason in report.errors:
@@ -314,6 +476,9 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
         for d in docs:
             if d["_id"] in bad_ids:
                 failed.add(d[F.SOURCE_ID])
+                out.refused.add(d[F.SOURCE_ID])
+            else:
+                out.written.add(d[F.PATH])
         # Stale chunks of re-indexed paths that had chunks before: everything of that (scope, source, path) not
         # just written, in one delete per source and batch.
         for plan in plans:
@@ -326,12 +491,71 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
         deps.records.put_job(job)  # progress
         if progress:
             progress("index", done, len(all_paths))
-    return failed
+    return out
 
 
-def _chunk_blob(deps: SyncDeps, path: str, sha: str, s: Settings) -> list[Chunk]:
-    text = filetypes.decode_text(deps.blobs.get(blob_key(sha)))
-    return chunk_document(path, text, filetypes.language_for(path), s.chunking, deps.counter)
+def _chunk_file(deps: SyncDeps, job: Job, group: Sequence[str], path: str, sha: str,
+                crash: frozenset[str]) -> list[Chunk] | None:
+    """Chunks of one file, or None when it is skipped: its chunking raised, or it killed the process more
+    than ``deps.attempts.limit`` times before (then it is parked as a dead letter and not tried again)."""
+    text = filetypes.decode_text(deps.blobs.get(blob_key(sha)))  # store errors are the sync's, not the file's
+    if deps.attempts is not None:
+        n = deps.attempts.begin(group, path, sha)
+        if n > deps.attempts.limit:
+            deps.attempts.park(job, path, sha, n - 1)
+            job.files_skipped[SKIP_POISON] = job.files_skipped.get(SKIP_POISON, 0) + 1
+            job.errors.append(f"{path}: not indexed: its chunking stopped the worker {n - 1} times; "
+                              "parked as a dead letter")
+            log.error("file_parked", path=path, blob_sha=sha, attempts=n - 1)
+            return None
+    if path in crash:
+        log.warning("test_fault_crash_chunking", path=path)
+        os._exit(86)
+    try:
+        chunks = chunk_document(path, text, filetypes.language_for(path), deps.settings.chunking, deps.counter)
+    except Exception as e:  # noqa: BLE001 - one file's chunker bug must not stop the sync
+        job.files_skipped[SKIP_CHUNKING_ERROR] = job.files_skipped.get(SKIP_CHUNKING_ERROR, 0) + 1
+        job.errors.append(f"{path}: chunking failed: {type(e).__name__}: {e}"[:500])
+        log.error("chunking_failed", path=path, error=str(e))
+        chunks = None
+    if deps.attempts is not None:
+        deps.attempts.done(group, path, sha)
+    return chunks
+
+
+def _test_crash_paths() -> frozenset[str]:
+    """Paths whose chunking ends the process (test-only; empty unless ``SCOPEKB_TESTING_FAULTS=1``)."""
+    if os.environ.get(TESTING_FAULTS_ENV) != "1":
+        return frozenset()
+    return frozenset(p for p in os.environ.get(CRASH_CHUNKING_ENV, "").split(",") if p)
+
+
+def _bulk_write(deps: SyncDeps, job: Job, docs: list[dict[str, Any]]) -> BulkReport:
+    """``bulk_write`` that re-sends items OpenSearch did not take for a transient reason (unreachable, 429,
+    502-504) with jittered exponential backoff, counted in ``job.retries["bulk_items"]``.
+
+    Raises:
+        StoreUnavailable: items still not taken after ``BULK_RETRY_ROUNDS`` rounds.
+    """
+    report = deps.chunks.bulk_write(docs)
+    written, errors = report.written, list(report.errors)
+    for rounds in range(BULK_RETRY_ROUNDS + 1):
+        transient = {doc_id for doc_id, _, reason in errors
+                     if reason.split(":", 1)[0].strip() in _TRANSIENT_BULK_STATUSES}
+        if not transient:
+            break
+        if rounds == BULK_RETRY_ROUNDS:
+            first = next(reason for doc_id, _, reason in errors if doc_id in transient)
+            raise StoreUnavailable(f"{len(transient)} chunks not written after {rounds} retries: {first[:300]}")
+        delay = backoff_delay(rounds, BULK_BACKOFF_BASE_S, BULK_BACKOFF_MAX_S)
+        log.warning("bulk_retry", items=len(transient), round=rounds + 1, delay_s=round(delay, 2),
+                    error=next(r for d, _, r in errors if d in transient)[:200])
+        time.sleep(delay)
+        _count(job, "bulk_items", len(transient))
+        again = deps.chunks.bulk_write([d for d in docs if d["_id"] in transient])
+        written += again.written
+        errors = [e for e in errors if e[0] not in transient] + list(again.errors)
+    return BulkReport(written=written, errors=errors)
 
 
 def _embed(deps: SyncDeps, job: Job, per_path: list[tuple[str, str, str, list[Chunk]]],
