@@ -17,7 +17,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import TransportError
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 from pydantic import BaseModel, Field, field_validator
 
 from scopekb import queue
@@ -36,6 +36,47 @@ REQUESTS = Counter("scopekb_query_requests_total", "Requests by route, mode and 
                    ["route", "mode", "status"])
 LATENCY = Histogram("scopekb_query_latency_seconds", "Request latency by route and mode", ["route", "mode"])
 JOB_QUEUED_KEY = "scopekb:job:{job_id}"
+
+
+class _IndexCollector:
+    """Gauges read from the stores at scrape time: jobs by state and trigger, sources, chunks, dead letters.
+
+    One per process (Prometheus names must be unique); it reads through the most recent app's runtime.
+    """
+
+    def __init__(self) -> None:
+        self.rt: Any = None
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        if self.rt is None:
+            return
+        try:
+            jobs = GaugeMetricFamily("scopekb_jobs", "Sync jobs on record by state and trigger",
+                                     labels=["state", "trigger"])
+            counts: dict[tuple[str, str], int] = {}
+            for d in self.rt.records.find("jobs", size=10000):
+                k = (str(d.get("state")), str(d.get("trigger")))
+                counts[k] = counts.get(k, 0) + 1
+            for (state, trigger), n in sorted(counts.items()):
+                jobs.add_metric([state, trigger], n)
+            yield jobs
+            yield GaugeMetricFamily("scopekb_sources", "Registered sources", value=len(self.rt.records.find(
+                "sources", size=10000)))
+            yield GaugeMetricFamily("scopekb_chunks", "Chunks in the index", value=self.rt.chunks.count())
+            yield GaugeMetricFamily("scopekb_dead_letters", "Dead-lettered tasks not yet replayed",
+                                    value=sum(1 for d in self.rt.records.find("deadletters", size=10000)
+                                              if not d.get("replayed_at")))
+        except Exception as e:  # noqa: BLE001 - a scrape must never fail because a store is down
+            log.warning("metrics_collect_failed", error=str(e))
+
+
+INDEX_COLLECTOR = _IndexCollector()
+REGISTRY.register(INDEX_COLLECTOR)
 
 
 class KeyCreate(BaseModel):
@@ -73,6 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     configure_logging("json" if settings.log_format == "auto" else settings.log_format, settings.log_level)
     rt = build_runtime(settings)
+    INDEX_COLLECTOR.rt = rt
     celery = queue.make_celery(settings, name="scopekb-query")
     key_cache: dict[str, tuple[float, ApiKey | None]] = {}
     @asynccontextmanager

@@ -162,6 +162,9 @@ def test_signed_push_makes_real_repository_searchable(stack: Stack, click_repo: 
     job = stack.wait_job(d3)
     assert job["state"] == "done" and job["chunks_written"] == 0 and job["files_indexed"] == 0
     assert _ids_and_count(stack, keys[scopes[0]]) == before
+    metrics = httpx.get(stack.query_url + "/metrics", timeout=30).text
+    assert 'scopekb_jobs{state="done",trigger="webhook"}' in metrics
+    assert 'scopekb_query_requests_total{mode="keyword",route="/v1/search",status="200"}' in metrics
 
 
 def test_bad_webhooks_are_refused_and_enqueue_nothing(stack: Stack, click_repo: tuple[Path, str, str]) -> None:
