@@ -98,7 +98,12 @@ class FileAttempts(Protocol):
         ...
 
     def done(self, source_ids: Sequence[str], path: str, sha: str) -> None:
-        """The attempt finished (the process survived it): forget the count."""
+        """The attempt finished (the process survived it): forget the count (may be deferred until the next
+        :meth:`begin` or :meth:`flush`)."""
+        ...
+
+    def flush(self) -> None:
+        """Send deferred :meth:`done` calls (called after each batch's chunking, before its writes)."""
         ...
 
     def park(self, job: Job, path: str, sha: str, attempts: int) -> None:
@@ -450,6 +455,8 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
             per_path.append((path, filetypes.language_for(path), prep.entry.sha, chunks))
             if prep.skip is None and chunks:
                 job.files_indexed += 1
+        if deps.attempts is not None:  # a death from here on is not the files' fault
+            deps.attempts.flush()
         vectors = _embed(deps, job, per_path, failed_paths)
         for path, lang, sha, chunks in per_path:
             for plan in plans:
