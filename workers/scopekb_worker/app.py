@@ -3,33 +3,63 @@
 Tasks are at-least-once (``acks_late``, ``task_reject_on_worker_lost``) and idempotent. A per-repository Redis
 lock serialises syncs of one repository; a later push finds the work done or does the remainder, so a newer
 push supersedes an older one and a lost delivery heals at the next push.
+
+Faults (DESIGN §11, issue 12): the repository lock has a short expiry that a thread renews while the sync runs,
+so a worker that dies frees it within ``LOCK_TTL_S``; transient failures (git, OpenSearch, Redis, the embedding
+API) are retried with jittered exponential backoff a bounded number of times, then parked as a dead letter (the
+sync state did not move, so the next reconcile re-syncs); a file whose chunking kills the worker process is
+counted per attempt in Redis and parked on its own after ``FILE_ATTEMPTS_LIMIT`` attempts while the rest of the
+sync completes. The worker checks its settings and the broker's eviction policy at start.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import threading
 import time
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import Any
 
+import redis
 from celery import Task
-from celery.signals import task_postrun, task_prerun, worker_process_init
+from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import TransportError
-from redis.exceptions import RedisError
+from redis.exceptions import LockError, RedisError
 
 from scopekb import queue
+from scopekb.embedding import EmbeddingUnavailable
+from scopekb.embedding.limits import backoff_delay
 from scopekb.gitrepo import GitError
-from scopekb.indexing import SyncError, run_sync
+from scopekb.indexing import StoreUnavailable, SyncError, run_sync
 from scopekb.logging import bind_context, clear_context, configure_logging, get_logger
-from scopekb.models import DeadLetter, JobState
+from scopekb.models import DeadLetter, Job, JobState
 from scopekb.reindex import REINDEX_LOCK_KEY
 from scopekb.runtime import Runtime, build_runtime, redis_client
-from scopekb.settings import get_settings
+from scopekb.settings import Settings, get_settings
+from scopekb.stores.records import RecordStore
 
 log = get_logger("scopekb.worker")
 
 app = queue.make_celery(get_settings(), name="scopekb-worker")
+
+#: Seconds a repository lock outlives a worker that died holding it; renewed every third of it while a sync runs.
+LOCK_TTL_S = 60
+#: Attempts at chunking one file (each ended by the worker process dying) before the file is parked.
+FILE_ATTEMPTS_LIMIT = 3
+FILE_ATTEMPTS_KEY = "scopekb:attempts:{group}:{sha}:{path_hash}"
+FILE_ATTEMPTS_TTL_S = 7 * 24 * 3600
+#: Task-level retry backoff after a transient error: ``[d/2, d]`` with ``d = min(max, base * 2**retries)``.
+RETRY_BASE_S = 5.0
+RETRY_MAX_S = 300.0
+#: Errors that say a dependency is (for now) unavailable: the sync is retried later, never spun on.
+TRANSIENT_ERRORS = (GitError, OSConnectionError, TransportError, RedisError, OSError, EmbeddingUnavailable,
+                    StoreUnavailable)
+#: Eviction policies that never drop keys without a TTL (broker queues and unacked tasks have none).
+SAFE_EVICTION = ("noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl")
 
 
 @lru_cache(maxsize=1)
@@ -44,6 +74,56 @@ def runtime() -> Runtime:
 def _init_logging(**_: Any) -> None:
     s = get_settings()
     configure_logging("json" if s.log_format == "auto" else s.log_format, s.log_level)
+
+
+def effective_limits(s: Settings, conf: Any) -> dict[str, Any]:
+    """The limits this worker runs with (Celery's configuration as built by :func:`scopekb.queue.make_celery`)."""
+    transport = conf.broker_transport_options or {}
+    return {"queue": s.worker.queue, "soft_time_limit_s": conf.task_soft_time_limit,
+            "time_limit_s": conf.task_time_limit, "visibility_timeout_s": transport.get("visibility_timeout"),
+            "result_expires_s": conf.result_expires, "max_tasks_per_child": conf.worker_max_tasks_per_child,
+            "prefetch_multiplier": conf.worker_prefetch_multiplier, "acks_late": conf.task_acks_late,
+            "reject_on_worker_lost": conf.task_reject_on_worker_lost, "max_retries": s.worker.max_retries,
+            "retry_backoff_s": [RETRY_BASE_S, RETRY_MAX_S], "lock_ttl_s": LOCK_TTL_S,
+            "file_attempts_limit": FILE_ATTEMPTS_LIMIT, "reconcile_interval_s": s.worker.reconcile_interval_s}
+
+
+def startup_problems(limits: dict[str, Any], rds: redis.Redis) -> list[str]:
+    """What is unsafe in the worker's limits or the broker, each as one sentence naming the fix."""
+    out: list[str] = []
+    soft, hard, vis = limits["soft_time_limit_s"], limits["time_limit_s"], limits["visibility_timeout_s"]
+    if not soft or not hard:
+        out.append("task soft/hard time limits are not set: a stuck sync would hold its worker forever")
+    elif not vis or vis <= hard:
+        out.append(f"broker visibility_timeout ({vis}) must exceed the hard time limit ({hard}s), or Redis "
+                   "redelivers running tasks")
+    if not limits["result_expires_s"]:
+        out.append("result_expires is not set: task results accumulate in Redis")
+    if not limits["max_tasks_per_child"]:
+        out.append("worker_max_tasks_per_child is not set: a leak in a pool process is never reclaimed")
+    try:
+        policy = str(rds.config_get("maxmemory-policy").get("maxmemory-policy", "?"))
+        maxmemory = int(rds.config_get("maxmemory").get("maxmemory", 0) or 0)
+    except RedisError as e:
+        out.append(f"cannot read the broker's maxmemory-policy ({type(e).__name__}: {e}); make sure it is "
+                   "noeviction (or volatile-*): other policies can evict queued and unacknowledged tasks")
+        return out
+    if policy not in SAFE_EVICTION:
+        out.append(f"Redis maxmemory-policy is {policy!r} (maxmemory {maxmemory or 'unlimited'}): under memory "
+                   "pressure it can evict queued and unacknowledged tasks, which are then lost; set "
+                   "'maxmemory-policy noeviction' (or a volatile-* policy) on the broker")
+    return out
+
+
+@worker_init.connect
+def _startup_checks(sender: Any = None, **_: Any) -> None:
+    """Log the effective limits once, and warn about settings or a broker that can lose tasks."""
+    s = get_settings()
+    configure_logging("json" if s.log_format == "auto" else s.log_format, s.log_level)
+    limits = effective_limits(s, app.conf)
+    log.info("worker_limits", **limits)
+    for problem in startup_problems(limits, redis_client(s)):
+        log.warning("worker_startup_check", problem=problem)
 
 
 @task_prerun.connect
@@ -69,11 +149,14 @@ def ping(value: str = "ping") -> dict[str, Any]:
 @app.task(name=queue.TASK_SYNC_SOURCES, bind=True, max_retries=get_settings().worker.max_retries)
 def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | None = None,
                  branch_deleted: bool = False, delivery_id: str | None = None,
-                 trigger: str = "webhook") -> dict[str, Any]:
+                 trigger: str = "webhook", verify: bool = False,
+                 reset_attempts: list[str] | None = None) -> dict[str, Any]:
     """Sync sources of one repository and ref to the ref's current commit; returns the job record as JSON.
 
-    Transient failures (git fetch, OpenSearch or Redis unreachable) are retried with exponential backoff up
-    to ``worker.max_retries`` times; a :class:`SyncError` is permanent and not retried.
+    Transient failures (git fetch, OpenSearch, Redis or the embedding API unavailable) are retried with jittered
+    exponential backoff up to ``worker.max_retries`` times, then parked as a dead letter; a :class:`SyncError`
+    is permanent and not retried. ``verify`` (the reconcile) also repairs drift between the index and git's
+    tree; ``reset_attempts`` (a parked file's replay) forgets those files' crash counts first.
     """
     s = get_settings()
     rt = runtime()
@@ -81,22 +164,119 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
     if rds.exists(REINDEX_LOCK_KEY):  # the index is being rebuilt: wait, without spending a retry attempt
         log.info("sync_deferred_for_reindex")
         raise self.retry(countdown=30, max_retries=None)
-    log.info("sync_started", source_ids=source_ids, after=after, branch_deleted=branch_deleted)
+    log.info("sync_started", source_ids=source_ids, after=after, branch_deleted=branch_deleted, verify=verify,
+             retries=self.request.retries)
     lock_name = queue.LOCK_KEY.format(repo_hash=queue.repo_hash(",".join(sorted(source_ids))))
+    attempts = RedisFileAttempts(rds, rt.records, self.name)
     try:
-        with rds.lock(lock_name, timeout=s.worker.task_time_limit_s, blocking_timeout=s.worker.task_time_limit_s):
-            job = run_sync(rt.sync_deps(), job_id, source_ids, trigger=trigger, branch_deleted=branch_deleted)
+        if reset_attempts:
+            rds.delete(*[k for k in reset_attempts if k.startswith("scopekb:attempts:")])
+        with repo_lock(rds, lock_name, s.worker.task_time_limit_s):
+            deps = rt.sync_deps()
+            deps.attempts = attempts
+            job = run_sync(deps, job_id, source_ids, trigger=trigger, branch_deleted=branch_deleted, verify=verify,
+                           attempt=self.request.retries)
     except SyncError as e:
         log.error("sync_refused", error=str(e))
         return {"id": job_id, "state": "failed", "errors": [str(e)]}
-    except (GitError, OSConnectionError, TransportError, RedisError, OSError) as e:
+    except TRANSIENT_ERRORS as e:
         if self.request.retries >= s.worker.max_retries:
             _dead_letter(rt, self, job_id, e)
             return {"id": job_id, "state": "failed", "errors": [str(e)], "dead_letter": True}
-        delay = min(300, 5 * 2**self.request.retries)
-        log.warning("sync_retry", error=str(e), retries=self.request.retries, countdown=delay)
+        delay = backoff_delay(self.request.retries, RETRY_BASE_S, RETRY_MAX_S)
+        log.warning("sync_retry", error=str(e)[:500], retries=self.request.retries, countdown=round(delay, 1))
         raise self.retry(exc=e, countdown=delay) from e
+    finally:
+        with contextlib.suppress(RedisError):
+            attempts.flush()
     return job.model_dump(mode="json")
+
+
+@contextlib.contextmanager
+def repo_lock(rds: redis.Redis, name: str, wait_s: float) -> Iterator[None]:
+    """Hold the repository lock ``name`` (waiting up to ``wait_s``); it expires ``LOCK_TTL_S`` after the holder
+    stops renewing it, so a dead worker blocks the repository for at most that long.
+
+    Raises:
+        redis.exceptions.LockError: not acquired within ``wait_s`` (transient: the task retries later).
+    """
+    lock = rds.lock(name, timeout=LOCK_TTL_S, blocking_timeout=wait_s)
+    if not lock.acquire():
+        raise LockError(f"repository lock {name} is held by another sync")
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(LOCK_TTL_S / 3):
+            try:
+                lock.extend(LOCK_TTL_S, replace_ttl=True)
+            except LockError:  # expired or taken (e.g. Redis restarted empty): the sync goes on, idempotent
+                log.warning("repo_lock_lost", lock=name)
+                return
+            except RedisError as e:
+                log.warning("repo_lock_renewal_failed", lock=name, error=str(e))
+
+    keeper = threading.Thread(target=renew, name="repo-lock-keeper", daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        keeper.join(timeout=5)
+        try:
+            lock.release()
+        except (LockError, RedisError) as e:  # expired meanwhile, or Redis restarted: nothing left to free
+            log.warning("repo_lock_release_failed", lock=name, error=str(e))
+
+
+class RedisFileAttempts:
+    """:class:`scopekb.indexing.FileAttempts` in Redis: one counter per (sources, blob, path), kept a week.
+
+    ``done`` is deferred and sent with the next ``begin`` (one round trip per file) or by ``flush``.
+    """
+
+    limit = FILE_ATTEMPTS_LIMIT
+
+    def __init__(self, rds: redis.Redis, records: RecordStore, task_name: str) -> None:
+        self.rds = rds
+        self.records = records
+        self.task_name = task_name
+        self._pending: list[str] = []
+
+    @staticmethod
+    def key(source_ids: Sequence[str], path: str, sha: str) -> str:
+        return FILE_ATTEMPTS_KEY.format(group=queue.repo_hash(",".join(sorted(source_ids))), sha=sha,
+                                        path_hash=hashlib.sha256(path.encode()).hexdigest()[:16])
+
+    def begin(self, source_ids: Sequence[str], path: str, sha: str) -> int:
+        key = self.key(source_ids, path, sha)
+        pipe = self.rds.pipeline(transaction=False)
+        if self._pending:
+            pipe.delete(*self._pending)
+        pipe.incr(key)
+        pipe.expire(key, FILE_ATTEMPTS_TTL_S)
+        res = pipe.execute()
+        self._pending.clear()
+        return int(res[-2])
+
+    def done(self, source_ids: Sequence[str], path: str, sha: str) -> None:
+        self._pending.append(self.key(source_ids, path, sha))
+
+    def flush(self) -> None:
+        if self._pending:
+            self.rds.delete(*self._pending)
+            self._pending.clear()
+
+    def park(self, job: Job, path: str, sha: str, attempts: int) -> None:
+        """A dead letter per (sources, blob, path), replaced while the file keeps failing; its replay resets the
+        count and re-runs the sync of those sources."""
+        key = self.key(job.source_ids, path, sha)
+        dl = DeadLetter(id="file-" + hashlib.sha256(key.encode()).hexdigest()[:20], task=self.task_name,
+                        kwargs={"job_id": job.id, "source_ids": job.source_ids, "trigger": "replay",
+                                "reset_attempts": [key]},
+                        error=f"chunking {path} (blob {sha[:12]}) stopped the worker process {attempts} times",
+                        attempts=attempts, path=path)
+        self.records.put("deadletters", dl.id, dl.model_dump(mode="json"))
+        log.error("file_dead_lettered", path=path, blob_sha=sha, attempts=attempts, dead_letter=dl.id)
 
 
 def _dead_letter(rt: Runtime, task: Task, job_id: str, exc: Exception) -> None:
@@ -117,19 +297,26 @@ def _dead_letter(rt: Runtime, task: Task, job_id: str, exc: Exception) -> None:
 
 @app.task(name=queue.TASK_RECONCILE)
 def reconcile() -> dict[str, Any]:
-    """Enqueue a sync for every (repository, ref) with registered sources.
+    """Enqueue a verifying sync for every (repository, ref) with registered sources, except those being synced.
 
-    A sync of an up-to-date source is a fetch and nothing else, so this heals refs that moved without a
-    webhook (lost deliveries, hosts without webhooks) at the cost of one fetch per repository per period.
+    The sync brings a source whose ref moved without a webhook (lost deliveries, hosts without webhooks, tasks
+    lost with the broker) to the ref, and compares the index's documents with git's tree by content id,
+    repairing what differs (``job.drift``): a fetch, a tree listing and one aggregation per source when nothing
+    drifted.
     """
     rt = runtime()
+    rds = redis_client(get_settings())
     groups: dict[tuple[str, str], list[str]] = {}
     for src in rt.records.list_sources():
         groups.setdefault((src.repo_url, src.ref), []).append(src.id)
     stamp = int(time.time())
+    busy = 0
     for (url, ref), ids in groups.items():
+        if rds.exists(queue.LOCK_KEY.format(repo_hash=queue.repo_hash(",".join(sorted(ids))))):
+            busy += 1  # a sync of it runs now; the next pass checks it
+            continue
         job_id = f"reconcile-{queue.repo_hash(url + ref)}-{stamp}"
         app.send_task(queue.TASK_SYNC_SOURCES, task_id=job_id,
-                      kwargs={"job_id": job_id, "source_ids": sorted(ids), "trigger": "reconcile"})
-    log.info("reconcile_enqueued", groups=len(groups))
-    return {"groups": len(groups)}
+                      kwargs={"job_id": job_id, "source_ids": sorted(ids), "trigger": "reconcile", "verify": True})
+    log.info("reconcile_enqueued", groups=len(groups) - busy, busy=busy)
+    return {"groups": len(groups) - busy}
