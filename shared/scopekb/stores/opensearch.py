@@ -6,6 +6,7 @@ Every read is filtered by a :class:`ScopeFilter`; there is no unscoped search me
 
 from __future__ import annotations
 
+import random
 import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -33,6 +34,12 @@ def make_client(cfg: OpenSearchSettings) -> OpenSearch:
         auth = (cfg.username, cfg.password.get_secret_value() if cfg.password else "")
     return OpenSearch(hosts=[cfg.url], http_auth=auth, verify_certs=cfg.verify_certs, timeout=cfg.timeout_s,
                       max_retries=3, retry_on_timeout=True, http_compress=False)
+
+
+def _jittered(delay: float) -> float:
+    """A backoff delay with "equal jitter" (``[delay/2, delay]``), so writers that were refused together do not
+    come back together."""
+    return delay / 2 + random.random() * delay / 2
 
 
 def scope_clauses(scope: ScopeFilter) -> list[dict[str, Any]]:
@@ -187,7 +194,7 @@ class OpenSearchChunkStore:
             pending = retry
             if pending:
                 attempt += 1
-                time.sleep(min(8.0, 0.25 * 2**attempt))
+                time.sleep(_jittered(min(8.0, 0.25 * 2**attempt)))
         if refresh:
             self.refresh()
         return report
@@ -240,7 +247,7 @@ class OpenSearchChunkStore:
                 return 0
             except TransportError as e:
                 if e.status_code in (429, 503) and attempt < 5:
-                    time.sleep(0.25 * 2**attempt)
+                    time.sleep(_jittered(0.25 * 2**attempt))
                     continue
                 raise
         return 0
