@@ -186,8 +186,8 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
     job = Job(id=job_id, trigger=prev.trigger if prev else trigger, created_at=prev.created_at if prev else utcnow(),
               source_ids=[s.id for s in sources], repo=sources[0].repo_name or repo_url, ref=ref,
               state=JobState.running, started_at=utcnow(), retries=dict(prev.retries) if prev else {})
-    if prev is not None and prev.state == JobState.running:  # the process running it died (or still runs)
-        _count(job, "redelivered")
+    if prev is not None and prev.state == JobState.running and attempt <= prev.retries.get("task", 0):
+        _count(job, "redelivered")  # the process running this attempt died (a retry's record may just be stale)
     if attempt:
         job.retries["task"] = attempt
     deps.records.put_job(job)
