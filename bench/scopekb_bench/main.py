@@ -1,0 +1,552 @@
+"""``bench/run [--quick]``: scopekb's benchmarks and retrieval-quality evaluation, every figure a ratio against a
+baseline measured in the same run (DESIGN §10, issue 11).
+
+Order of a run:
+
+1. inputs: git repositories from released sources (PyPI sdists), cached under ``.services/cache``;
+2. services: used when they answer, else started with ``scripts/services`` and stopped at the end;
+3. git read (in this process);
+4. keyword-only stack (ingester, query service, worker as processes) on the large repository: full index from a
+   webhook, baseline bulk, release push, one-file push;
+5. local-model stack on the evaluation corpus: full index, baseline bulk, release push, retrieval quality, query
+   latency, ANN fidelity, webhook latency, one-file push;
+6. embedder efficiency (in this process);
+7. cleanup of everything the run created (processes, indices, bucket, Redis keys, temporary files), then the
+   JSON results, the Markdown report with plots, and a summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opensearchpy import OpenSearch
+
+from scopekb.chunking import counter_for_model
+from scopekb.settings import ChunkingSettings, OpenSearchSettings
+from scopekb.stores.base import ScopeFilter
+from scopekb_bench import corpus, embedder, gitread, pipeline, quality, query, report, webhook
+from scopekb_bench.profiles import FULL, QUICK, Profile
+from scopekb_bench.services import services
+from scopekb_bench.stack import ZERO, Stack, cleanup, new_admin_token, stack_env
+from scopekb_bench.util import REPO, Results, log, machine_info, summary
+
+RESULTS_DIR = REPO / "bench" / "results"
+PUBLISH_DIR = REPO / "bench" / "report"
+ALL_PHASES = ("gitread", "keyword", "model", "embedder")
+
+
+class _Terminated(Exception):
+    """SIGTERM: unwind so every ``finally`` stops what this run started."""
+
+
+def _on_term(signum: int, frame: object) -> None:
+    raise _Terminated(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def phase(res: Results, name: str) -> Iterator[None]:
+    """Time a phase; an exception is logged and recorded in ``res.errors`` and the run goes on."""
+    log(f"phase {name} ...")
+    t0 = time.perf_counter()
+    try:
+        yield
+    except (KeyboardInterrupt, _Terminated):
+        raise
+    except Exception as e:  # noqa: BLE001 - one failed phase must not lose the others' results
+        res.errors.append(f"{name}: {type(e).__name__}: {e}")
+        log(f"phase {name} FAILED: {e}\n{traceback.format_exc()}")
+    finally:
+        res.phase_seconds[name] = round(time.perf_counter() - t0, 1)
+        log(f"phase {name} took {res.phase_seconds[name]:.1f} s")
+
+
+class _Local:
+    """The local model in this process, loaded on first use (token counter, query vectors, embedder phase)."""
+
+    def __init__(self) -> None:
+        self._pair: tuple[Any, Any] | None = None
+
+    def get(self) -> tuple[Any, Any]:
+        if self._pair is None:
+            from scopekb.runtime import embedding_setup
+            from scopekb.settings import Settings
+
+            self._pair = embedding_setup(Settings(embedding={"provider": "local"}))
+        return self._pair
+
+
+def _tiny_repo(dest: Path, text: str) -> Path:
+    """A one-commit repository used to warm a worker up (model load, index checks) before measuring."""
+    from scopekb.realrepo import git
+
+    dest.mkdir(parents=True)
+    git(dest, "init", "--quiet", "--initial-branch", "main")
+    (dest / "README.md").write_text(text)
+    git(dest, "add", "README.md")
+    git(dest, "commit", "--quiet", "-m", "warm-up")
+    return dest
+
+
+def _warm_up(st: Stack, workdir: Path, run_id: str, name: str) -> None:
+    repo = _tiny_repo(workdir / f"warm-{name}", "# Warm-up\n\nThis repository warms the worker up.\n")
+    _src, _key = st.register("bench", f"warm-{name}", repo, f"bench/warm-{name}")
+    d = f"bench-{run_id}-{name}-warm"
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    r = st.push(f"bench/warm-{name}", str(repo), ZERO, head, d)
+    r.raise_for_status()
+    st.wait_job(d, timeout_s=600)
+
+
+def _ingest_metrics(res: Results, kind: str, label: str, push: pipeline.PushResult, base: dict[str, Any],
+                    exported: int, idx_bytes: int, base_bytes: int, text_bytes: int, target: str) -> None:
+    chunks = push.job["chunks_written"]
+    res.add("ingest", f"ingest.{kind}.chunks_per_s", f"{label}: chunks/s, webhook to searchable",
+            chunks / push.seconds, base["documents"] / base["seconds"], "chunks/s",
+            "opensearch-py helpers.bulk of the same chunk documents, same index settings, + refresh", target=target,
+            note=f"{chunks} chunks in {push.seconds:.1f} s (job {push.job_seconds:.1f} s); baseline "
+                 f"{base['documents']} in {base['seconds']:.1f} s")
+    res.add("cost", f"cost.{kind}.cpu_per_1k_chunks", f"{label}: CPU seconds per 1,000 chunks (worker + OpenSearch)",
+            (push.worker_cpu_s + push.opensearch_cpu_s) / chunks * 1000,
+            (base["cpu_seconds"] + base["opensearch_cpu_s"]) / max(base["documents"], 1) * 1000, "CPU s",
+            "helpers.bulk process + OpenSearch", better="lower",
+            note=f"worker {push.worker_cpu_s:.1f} s + OpenSearch {push.opensearch_cpu_s:.1f} s; baseline client "
+                 f"{base['cpu_seconds']:.1f} s + OpenSearch {base['opensearch_cpu_s']:.1f} s")
+    res.add("cost", f"cost.{kind}.peak_rss_per_1k_chunks", f"{label}: peak RSS per 1,000 chunks (worker processes)",
+            push.worker_peak_rss / 2**20 / (chunks / 1000), base["peak_rss_bytes"] / 2**20 / (base["documents"] / 1000),
+            "MiB", "helpers.bulk process (all documents in memory)", better="lower",
+            note=f"worker peak {push.worker_peak_rss / 2**20:.0f} MiB; baseline peak "
+                 f"{base['peak_rss_bytes'] / 2**20:.0f} MiB")
+    res.add("cost", f"cost.{kind}.index_over_source", f"{label}: index bytes ÷ source bytes", idx_bytes, text_bytes,
+            "bytes", "bytes of the text files indexed", better="lower",
+            note=f"index {idx_bytes / 2**20:.1f} MiB (baseline bulk index {base_bytes / 2**20:.1f} MiB), text source "
+                 f"{text_bytes / 2**20:.1f} MiB; {exported} documents exported for the baseline")
+
+
+@dataclass
+class Ctx:
+    """What the phases of one run share."""
+
+    profile: Profile
+    res: Results
+    endpoints: dict[str, str]
+    run_id: str
+    workdir: Path
+    logs: Path
+    client: OpenSearch
+    token: str = field(default_factory=new_admin_token)
+    local: _Local = field(default_factory=_Local)
+    bulk_bytes: int = 4 * 1024 * 1024
+    large: corpus.Built | None = None
+    ev: corpus.Built | None = None
+    large_bare: Path = Path()
+    eval_bare: Path = Path()
+    large_text_bytes: int = 0
+    eval_text_bytes: int = 0
+
+    @property
+    def os_url(self) -> str:
+        return self.endpoints["SCOPEKB_OPENSEARCH__URL"]
+
+
+def _inputs(c: Ctx) -> None:
+    pkg, versions, prefer = c.profile.large
+    c.large = large = corpus.release_repo(pkg, list(versions), prefer)
+    c.ev = ev = corpus.eval_repo(list(c.profile.eval_projects))
+    hosts = c.workdir / "hosts"
+    hosts.mkdir()
+    c.large_bare = large.clone_bare(hosts / "large.git")
+    c.eval_bare = ev.clone_bare(hosts / "eval.git")
+    n_files, all_bytes, c.large_text_bytes = corpus.tree_text_bytes(c.large_bare, large.releases[0])
+    c.res.inputs["large"] = {"package": pkg, "releases": list(versions), "files": n_files, "bytes": all_bytes,
+                             "text_bytes": c.large_text_bytes,
+                             "edit": {"path": large.edit.path, "function": large.edit.function}}
+    e_files, _e_bytes, c.eval_text_bytes = corpus.tree_text_bytes(c.eval_bare, ev.releases[0])
+    c.res.inputs["eval"] = {"projects": ev.projects, "pairs": len(ev.pairs), "files": e_files,
+                            "text_bytes": c.eval_text_bytes,
+                            "releases": [f"{p.name} {' → '.join(p.versions)}" for p in c.profile.eval_projects],
+                            "edit": {"path": ev.edit.path, "function": ev.edit.function}}
+    log(f"large repository {pkg} {versions[0]}: {n_files} files, {c.large_text_bytes / 1e6:.1f} MB text; "
+        f"evaluation corpus: {len(ev.pairs)} pairs from {', '.join(p['project'] for p in ev.projects)}")
+
+
+def _gitread(c: Ctx) -> None:
+    assert c.large is not None
+    subprocess.run(["git", "-C", str(c.large_bare), "update-ref", "refs/heads/main", c.large.releases[0]], check=True)
+    log("(a sync_failed line below is the benchmark stopping that sync after its read phase, as intended)")
+    g = gitread.measure(c.endpoints, c.run_id, c.workdir, c.large_bare, c.large.releases[0])
+    base_rate = g["baseline_files"] / g["baseline_seconds"]
+    base_label = "git ls-tree -r + one git cat-file --batch over every blob"
+    c.res.add("git", "git.sync_read_files_per_s",
+              "files/s read by a sync (tree, plan, read, skip checks, blob-store upload)",
+              g["sync_files"] / g["sync_seconds"], base_rate, "files/s", base_label,
+              note=f"sync {g['sync_files']} files in {g['sync_seconds']:.1f} s; baseline {g['baseline_files']} "
+                   f"blobs in {g['baseline_seconds']:.2f} s")
+    c.res.add("git", "git.reader_files_per_s", "files/s of scopekb's git reader alone (Mirror.tree + read_blob)",
+              g["reader_files"] / g["reader_seconds"], base_rate, "files/s", base_label,
+              note=f"{g['reader_files']} blobs in {g['reader_seconds']:.2f} s")
+    c.res.series["gitread"] = g
+
+
+def _full_and_baseline(c: Ctx, st: Stack, kind: str, label: str, bare: Path, repo_name: str, context: str,
+                       commit: str, key: str, probe: str, dimension: int | None, text_bytes: int,
+                       target: str) -> pipeline.PushResult:
+    """Full index through the pipeline, then the baseline bulk of the same documents; records ingest and cost."""
+    alias = st.env["SCOPEKB_OPENSEARCH__ALIAS"]
+    full = pipeline.measured_push(st, c.client, bare, repo_name, ZERO, commit, f"bench-{c.run_id}-{kind}-full", key,
+                                  context, probe=probe)
+    log(f"{kind} pipeline: {full.job['chunks_written']} chunks ({full.job['embeddings_computed']} embedded) in "
+        f"{full.seconds:.1f} s")
+    docs = c.workdir / f"{kind}-docs.jsonl"
+    n = pipeline.export_docs(c.client, alias, docs, "bench", context)
+    idx_bytes = pipeline.index_bytes(c.client, alias)
+    base_index = f"bench-{c.run_id}-baseline-{kind}"
+    base = pipeline.baseline_bulk(c.client, c.os_url, base_index, docs, dimension, c.bulk_bytes)
+    base_bytes = pipeline.index_bytes(c.client, base_index)
+    c.client.indices.delete(index=base_index)
+    docs.unlink()
+    log(f"{kind} baseline bulk: {base['documents']} documents in {base['seconds']:.1f} s")
+    _ingest_metrics(c.res, kind, label, full, base, n, idx_bytes, base_bytes, text_bytes, target)
+    c.res.series[f"ingest_{kind}"] = {"pipeline_seconds": full.seconds, "job_seconds": full.job_seconds,
+                                      "chunks": full.job["chunks_written"], "job": full.job, "baseline": base}
+    return full
+
+
+def _keyword_stack(c: Ctx, st: Stack) -> None:
+    assert c.large is not None
+    large, bare = c.large, c.large_bare
+    pkg, versions, _ = c.profile.large
+    st.start()
+    _warm_up(st, c.workdir, c.run_id, "kw")
+    _src, key = st.register("bench", "large", bare, "bench/large")
+    full = _full_and_baseline(c, st, "keyword", f"{pkg} keyword-only", bare, "bench/large", "large",
+                              large.releases[0], key, pkg, None, c.large_text_bytes, "≥ 0.7")
+    counter = counter_for_model(None, ChunkingSettings())
+    prev = large.releases[0]
+    for i, commit in enumerate(large.releases[1:], 1):
+        rel = pipeline.measured_push(st, c.client, bare, "bench/large", prev, commit,
+                                     f"bench-{c.run_id}-kw-release{i}", key, "large", probe=pkg)
+        ch = pipeline.changed_chunks(bare, prev, commit, counter, whole_old_tree=False)
+        c.res.add("incremental", "incremental.keyword.release_push_time",
+                  f"{pkg} release push {versions[i - 1]} → {versions[i]}: webhook to searchable ÷ full index",
+                  rel.seconds, full.seconds, "s", "full index of the first release (same pipeline)", better="lower",
+                  note=f"{ch['files']} files changed: {rel.job['files_indexed']} indexed, {rel.job['files_deleted']} "
+                       f"deleted, {rel.job['chunks_written']} chunks written for {ch['contents']} new chunk contents")
+        c.res.series[f"incremental_keyword_release{i}"] = {"job": rel.job, "changed": ch, "seconds": rel.seconds}
+        prev = commit
+    edit = pipeline.measured_push(st, c.client, bare, "bench/large", prev, large.edit.commit,
+                                  f"bench-{c.run_id}-kw-edit", key, "large", probe=large.edit.marker,
+                                  probe_in_content=large.edit.marker)
+    ch = pipeline.changed_chunks(bare, large.edit.parent, large.edit.commit, counter, whole_old_tree=False)
+    c.res.add("incremental", "incremental.keyword.one_file_push_time",
+              f"{pkg} one-file push: webhook to searchable ÷ full-index time", edit.seconds, full.seconds, "s",
+              "full index (same pipeline, same repository)", better="lower",
+              note=f"{edit.seconds:.2f} s vs {full.seconds:.1f} s; edited {large.edit.path}")
+    c.res.add("incremental", "incremental.keyword.one_file_chunks_written_per_changed",
+              f"{pkg} one-file push: chunks written ÷ chunks changed", edit.job["chunks_written"],
+              max(ch["contents"], 1), "chunks", "chunks whose content changed", better="lower",
+              note="the whole file is re-indexed; unchanged chunks keep their ids and are overwritten in place")
+    c.res.series["incremental_keyword_edit"] = {"job": edit.job, "changed": ch, "seconds": edit.seconds}
+
+
+def _model_stack(c: Ctx, st: Stack) -> None:
+    assert c.ev is not None
+    ev, bare, res = c.ev, c.eval_bare, c.res
+    scope = ScopeFilter("bench", ("eval",))
+    state: dict[str, Any] = {}
+    with phase(res, "model stack: full index and release push"):
+        st.start()
+        _warm_up(st, c.workdir, c.run_id, "model")
+        _src, key = st.register("bench", "eval", bare, "bench/eval")
+        state["key"] = key
+        emb, counter = c.local.get()
+        state["full"] = _full_and_baseline(c, st, "local_model", "evaluation corpus with the local model", bare,
+                                           "bench/eval", "eval", ev.releases[0], key, "def", emb.dimension,
+                                           c.eval_text_bytes, "")
+        rel = pipeline.measured_push(st, c.client, bare, "bench/eval", ev.releases[0], ev.releases[-1],
+                                     f"bench-{c.run_id}-model-release", key, "eval", probe="def")
+        ch = pipeline.changed_chunks(bare, ev.releases[0], ev.releases[-1], counter)
+        res.add("incremental", "incremental.local_model.release_reembedded_per_changed",
+                "release push (every project's next release): chunks re-embedded ÷ chunks changed",
+                rel.job["embeddings_computed"], max(ch["contents"], 1), "chunks",
+                "distinct new chunk contents in the changed files", target="= 1.0", better="lower",
+                note=f"{ch['files']} files changed; {ch['embedding_inputs']} new embedding inputs (content + "
+                     f"path/symbol header); {rel.job['embeddings_cached']} served from the cache")
+        res.series["incremental_model_release"] = {"job": rel.job, "changed": ch, "seconds": rel.seconds}
+    if "full" not in state:
+        return
+    key, alias = state["key"], st.env["SCOPEKB_OPENSEARCH__ALIAS"]
+    emb, counter = c.local.get()
+
+    with phase(res, "quality"):
+        pairs = quality.sample(ev.pairs, c.profile.quality_pairs)
+        q = quality.evaluate(st.query_url, key, "eval", pairs)
+        res.series["quality"] = {k: v for k, v in q.items() if k != "per_query_ndcg10"}
+        res.series["quality_per_query_ndcg10"] = q["per_query_ndcg10"]
+        kw = q["modes"]["keyword"]
+        for mode in quality.MODES:
+            m = q["modes"][mode]
+            for metric, name in (("ndcg10", "NDCG@10"), ("mrr10", "MRR@10"), ("recall1", "recall@1"),
+                                 ("recall10", "recall@10")):
+                note = ""
+                if metric == "ndcg10" and "ndcg10_minus_keyword" in m:
+                    d = m["ndcg10_minus_keyword"]
+                    note = (f"Δ vs keyword {d['mean']:+.3f} (95% CI {d['ci95'][0]:+.3f} … {d['ci95'][1]:+.3f}); "
+                            f"better on {d['wins']}, worse on {d['losses']} queries")
+                res.add("quality", f"quality.{mode}.{metric}", f"{mode}: {name} ({q['n']} queries)", m[metric],
+                        kw[metric], "score", "keyword (BM25) on the same queries",
+                        target="> 1.0" if mode == "hybrid" and metric == "ndcg10" else "", note=note)
+        vecs = [emb.embed_query(p["query"]) for p in pairs[:c.profile.ann_queries]]
+        ann = quality.ann_fidelity(c.client, alias, emb.dimension, emb.model_id, scope, vecs)
+        res.add("quality", "quality.ann_recall_at_10", "ANN fidelity: recall@10 of k-NN (HNSW) vs exact search",
+                ann["recall_at_k"], 1.0, "recall", "exact cosine search over the same stored vectors",
+                note=f"{ann['queries']} queries over {ann['vectors']} vectors")
+        res.series["ann"] = ann
+
+    with phase(res, "query latency"):
+        queries = [p["query"] for p in quality.sample(ev.pairs, max(c.profile.query_n, 10), seed=23)]
+        captured, embed_times = query.capture(c.client, alias, emb.dimension, emb.model_id, scope, queries,
+                                              emb.embed_query)
+        lat = query.latency(st.query_url, key, "eval", c.os_url, queries, captured, c.profile.query_n)
+        tp = query.throughput(st.query_url, key, "eval", c.os_url, queries, captured, c.profile.query_tp_n)
+        sums = {m: {k: summary(v) for k, v in d.items()} for m, d in lat.items()}
+        raw_label = "the raw OpenSearch request(s) the service issues, sent directly"
+        for mode in query.MODES:
+            s = sums[mode]
+            for p in ("p50", "p95"):
+                res.add("query", f"query.{mode}.{p}", f"{mode}: service {p} latency", s["service"][p] * 1000,
+                        s["raw"][p] * 1000, "ms", raw_label, better="lower")
+            res.add("query", f"query.{mode}.rps", f"{mode}: requests/s (8 in flight)", tp[mode]["service"],
+                    tp[mode]["raw"], "req/s", "the raw OpenSearch request(s), 8 in flight")
+        res.add("query", "query.hybrid_over_keyword.p50", "hybrid ÷ keyword: service p50 latency",
+                sums["hybrid"]["service"]["p50"] * 1000, sums["keyword"]["service"]["p50"] * 1000, "ms",
+                "keyword (BM25) through the service", better="lower",
+                note=f"bare query embedding p50 {summary(embed_times)['p50'] * 1000:.1f} ms")
+        res.series["query"] = {"latency_summary": sums, "throughput": tp, "latencies": lat,
+                               "embed_query_seconds": summary(embed_times)}
+
+    with phase(res, "webhook latency"):
+        env = stack_env(c.endpoints, c.run_id, "model", c.workdir, "local", c.token,
+                        queue=f"bench-{c.run_id}-whload")
+        w = webhook.measure(env, c.logs, c.run_id, "bench/eval", str(bare), c.profile.webhook_n)
+        sk, base = summary(w["scopekb"]["latencies"]), summary(w["bare"]["latencies"])
+        for p in ("p50", "p99"):
+            res.add("webhook", f"webhook.{p}", f"ingester push webhook: {p} latency (16 in flight)", sk[p] * 1000,
+                    base[p] * 1000, "ms", "bare FastAPI endpoint that reads the body and answers 202",
+                    better="lower")
+        res.add("webhook", "webhook.rps", "ingester push webhook: requests/s (16 in flight)", w["scopekb"]["rps"],
+                w["bare"]["rps"], "req/s", "bare FastAPI endpoint",
+                note=f"{w['requests_each']} requests each; non-202 answers: scopekb {w['scopekb']['non_202']}, "
+                     f"bare {w['bare']['non_202']}")
+        res.series["webhook"] = w
+
+    with phase(res, "model one-file push"):
+        full: pipeline.PushResult = state["full"]
+        edit = pipeline.measured_push(st, c.client, bare, "bench/eval", ev.releases[-1], ev.edit.commit,
+                                      f"bench-{c.run_id}-model-edit", key, "eval", probe=ev.edit.marker,
+                                      probe_in_content=ev.edit.marker)
+        ch = pipeline.changed_chunks(bare, ev.edit.parent, ev.edit.commit, counter)
+        res.add("incremental", "incremental.local_model.one_file_push_time",
+                "evaluation corpus one-file push with the local model: webhook to searchable ÷ full index",
+                edit.seconds, full.seconds, "s", "full index of the corpus (same pipeline)", better="lower",
+                note=f"{edit.seconds:.2f} s vs {full.seconds:.1f} s; edited {ev.edit.path}")
+        res.add("incremental", "incremental.local_model.one_file_reembedded_per_changed",
+                "one-file push: chunks re-embedded ÷ chunks changed", edit.job["embeddings_computed"],
+                max(ch["contents"], 1), "chunks", "chunks whose content changed", target="= 1.0", better="lower",
+                note=f"{edit.job['chunks_written']} chunks written, {edit.job['embeddings_cached']} from the cache; "
+                     f"{ch['embedding_inputs']} new embedding inputs")
+        res.series["incremental_model_edit"] = {"job": edit.job, "changed": ch, "seconds": edit.seconds}
+
+
+def _embedder(c: Ctx) -> None:
+    assert c.ev is not None
+    emb, counter = c.local.get()
+    commit = c.ev.releases[-1]
+    names = subprocess.run(["git", "-C", str(c.eval_bare), "ls-tree", "-r", "--name-only", commit],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    files = {p: subprocess.run(["git", "-C", str(c.eval_bare), "show", f"{commit}:{p}"], capture_output=True,
+                               check=True).stdout for p in names}
+    texts = embedder.corpus_texts(files, counter, c.profile.embed_texts)
+    e = embedder.measure(emb, c.client, c.run_id, texts)
+    c.res.add("embedder", "embedder.embeddings_per_s",
+              "pipeline embeddings/s (embed_with_cache: cold OpenSearch cache + local embedder)",
+              sum(e["computed"]) / sum(e["pipeline_seconds"]), e["texts"] * e["rounds"] / sum(e["bare_seconds"]),
+              "texts/s", "bare SentenceTransformer.encode(batch_size=32) on the same texts",
+              note=f"{e['texts']} chunk texts × {e['rounds']} rounds, both sides interleaved in blocks of "
+                   f"{e['block']}")
+    c.res.series["embedder"] = e
+
+
+def run(c: Ctx, phases: tuple[str, ...]) -> None:
+    """All phases of one run; a failed phase is recorded and the next one still runs."""
+    with phase(c.res, "inputs"):
+        _inputs(c)
+    if c.large is None or c.ev is None:
+        return
+    if "gitread" in phases:
+        with phase(c.res, "git read"):
+            _gitread(c)
+    if "keyword" in phases:
+        st = Stack("kw", stack_env(c.endpoints, c.run_id, "kw", c.workdir, "none", c.token), c.logs)
+        try:
+            with phase(c.res, "keyword stack"):
+                _keyword_stack(c, st)
+        finally:
+            st.stop()
+    if "model" in phases:
+        st = Stack("model", stack_env(c.endpoints, c.run_id, "model", c.workdir, "local", c.token), c.logs)
+        try:
+            _model_stack(c, st)
+        finally:
+            st.stop()
+    if "embedder" in phases:
+        with phase(c.res, "embedder"):
+            _embedder(c)
+    _model_ingest_vs_encode(c)
+
+
+def _model_ingest_vs_encode(c: Ctx) -> None:
+    """A second baseline for ingest with the model: bare encode of the embedded chunks (at the rate the embedder
+    phase measured) plus helpers.bulk of the documents, i.e. the least any pipeline with this model could cost."""
+    ing, emb = c.res.series.get("ingest_local_model"), c.res.series.get("embedder")
+    if not ing or not emb:
+        return
+    bare_rate = emb["texts"] * emb["rounds"] / sum(emb["bare_seconds"])
+    embedded = ing["job"]["embeddings_computed"]
+    floor = embedded / bare_rate + ing["baseline"]["seconds"]
+    c.res.add("ingest", "ingest.local_model.chunks_per_s_vs_encode_plus_bulk",
+              "evaluation corpus with the local model: chunks/s ÷ (bare encode + helpers.bulk)",
+              ing["chunks"] / ing["pipeline_seconds"], ing["chunks"] / floor, "chunks/s",
+              "bare SentenceTransformer.encode of the embedded chunks (rate from the embedder phase) + helpers.bulk",
+              note=f"floor {floor:.1f} s = {embedded} texts at {bare_rate:.1f}/s + bulk "
+                   f"{ing['baseline']['seconds']:.1f} s; pipeline {ing['pipeline_seconds']:.1f} s")
+
+
+EXPECTED = [
+    "git.sync_read_files_per_s", "git.reader_files_per_s",
+    "ingest.keyword.chunks_per_s", "ingest.local_model.chunks_per_s",
+    "ingest.local_model.chunks_per_s_vs_encode_plus_bulk",
+    "cost.keyword.cpu_per_1k_chunks", "cost.keyword.peak_rss_per_1k_chunks", "cost.keyword.index_over_source",
+    "cost.local_model.cpu_per_1k_chunks", "cost.local_model.peak_rss_per_1k_chunks",
+    "cost.local_model.index_over_source",
+    "incremental.keyword.one_file_push_time", "incremental.keyword.one_file_chunks_written_per_changed",
+    "incremental.keyword.release_push_time", "incremental.local_model.release_reembedded_per_changed",
+    "incremental.local_model.one_file_push_time", "incremental.local_model.one_file_reembedded_per_changed",
+    "embedder.embeddings_per_s",
+    *[f"query.{m}.{p}" for m in ("keyword", "vector", "hybrid") for p in ("p50", "p95", "rps")],
+    "query.hybrid_over_keyword.p50",
+    "webhook.p50", "webhook.p99", "webhook.rps",
+    *[f"quality.{m}.{k}" for m in ("keyword", "vector", "hybrid", "rrf")
+      for k in ("ndcg10", "mrr10", "recall1", "recall10")],
+    "quality.ann_recall_at_10",
+]
+
+
+def check(res: Results) -> list[str]:
+    """Problems that make a smoke run fail: missing metrics, non-finite numbers, phase errors (never speed)."""
+    problems = list(res.errors)
+    for mid in EXPECTED:
+        m = res.get(mid)
+        if m is None:
+            problems.append(f"missing metric {mid}")
+        elif not all(math.isfinite(x) for x in (m.value, m.baseline, m.ratio)):
+            problems.append(f"non-finite metric {mid}: {m.value} / {m.baseline}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run, write results and the report, print the summary; exit 1 on --check problems."""
+    ap = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small inputs and samples (smoke run, ~5 minutes)")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 unless every metric was produced and is a finite number (never checks speed)")
+    ap.add_argument("--publish", action="store_true",
+                    help="also copy the report, plots and JSON to bench/report/ (for committing)")
+    ap.add_argument("--phases", default=",".join(ALL_PHASES),
+                    help=f"comma-separated subset of {', '.join(ALL_PHASES)} (for development)")
+    ap.add_argument("--no-start", action="store_true", help="fail instead of starting services that are down")
+    ap.add_argument("--keep-workdir", action="store_true", help="keep the temporary folder (repositories, logs)")
+    args = ap.parse_args(argv)
+    profile = QUICK if args.quick else FULL
+    phases = tuple(p for p in args.phases.split(",") if p)
+    unknown = set(phases) - set(ALL_PHASES)
+    if unknown:
+        ap.error(f"unknown phases: {', '.join(sorted(unknown))}")
+
+    signal.signal(signal.SIGTERM, _on_term)
+    run_id = time.strftime("%m%d%H%M%S") + secrets.token_hex(2)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = RESULTS_DIR / f"{stamp}-{profile.name}"
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=f"scopekb-bench-{run_id}-"))
+    res = Results()
+    meta: dict[str, Any] = {"run_id": run_id, "profile": profile.name, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                            "machine": machine_info(), "phases": list(phases)}
+    log(f"run {run_id} ({profile.name}); results in {out.relative_to(REPO)}")
+    t0 = time.perf_counter()
+    try:
+        with services(start_missing=not args.no_start) as endpoints:
+            try:
+                os_info = OpenSearch(hosts=[endpoints["SCOPEKB_OPENSEARCH__URL"]]).info()
+                meta["opensearch"] = os_info.get("version", {}).get("number")
+                ctx = Ctx(profile=profile, res=res, endpoints=endpoints, run_id=run_id, workdir=workdir, logs=logs,
+                          client=OpenSearch(hosts=[endpoints["SCOPEKB_OPENSEARCH__URL"]], timeout=120),
+                          bulk_bytes=OpenSearchSettings().bulk_max_bytes)
+                run(ctx, phases)
+            finally:
+                meta["cleanup"] = cleanup(endpoints, run_id)
+                log(f"cleanup: {meta['cleanup']}")
+    except (KeyboardInterrupt, _Terminated) as e:
+        res.errors.append(f"interrupted: {e}")
+        log("interrupted; services and processes started by this run were stopped")
+    except Exception as e:  # noqa: BLE001 - still write what was measured
+        res.errors.append(f"run: {type(e).__name__}: {e}")
+        log(f"run failed: {e}\n{traceback.format_exc()}")
+    finally:
+        if args.keep_workdir:
+            log(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    meta["seconds"] = round(time.perf_counter() - t0, 1)
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    meta["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    res.notes.extend(report.standard_notes(profile))
+    data = {"meta": meta, **res.to_json()}
+    (out / "results.json").write_text(json.dumps(data, indent=1, default=str))
+    report.write(out, data)
+    latest = RESULTS_DIR / f"latest-{profile.name}"
+    if latest.is_symlink() or latest.exists():
+        latest.unlink()
+    latest.symlink_to(out.name)
+    report.print_summary(data)
+    if args.publish:
+        report.publish(out, PUBLISH_DIR)
+        log(f"published to {PUBLISH_DIR.relative_to(REPO)}")
+    log(f"done in {meta['seconds']:.0f} s: {out.relative_to(REPO)}/report.md")
+    if args.check:
+        problems = check(res)
+        for p in problems:
+            log(f"CHECK: {p}")
+        return 1 if problems else 0
+    return 1 if res.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
