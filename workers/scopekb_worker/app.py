@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -24,6 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 import redis
+import structlog
 from celery import Task
 from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
@@ -74,6 +76,11 @@ def runtime() -> Runtime:
 def _init_logging(**_: Any) -> None:
     s = get_settings()
     configure_logging("json" if s.log_format == "auto" else s.log_format, s.log_level)
+    # ``scopekb worker`` configured WARNING for the CLI's own output before Celery started (and configure_logging
+    # keeps the first level): the worker's events log at the configured level.
+    level = logging.getLevelName(s.log_level.upper())
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level if isinstance(level, int)
+                                                                            else logging.INFO))
 
 
 def effective_limits(s: Settings, conf: Any) -> dict[str, Any]:
@@ -119,7 +126,7 @@ def startup_problems(limits: dict[str, Any], rds: redis.Redis) -> list[str]:
 def _startup_checks(sender: Any = None, **_: Any) -> None:
     """Log the effective limits once, and warn about settings or a broker that can lose tasks."""
     s = get_settings()
-    configure_logging("json" if s.log_format == "auto" else s.log_format, s.log_level)
+    _init_logging()
     limits = effective_limits(s, app.conf)
     log.info("worker_limits", **limits)
     for problem in startup_problems(limits, redis_client(s)):
