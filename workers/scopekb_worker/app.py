@@ -192,6 +192,7 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
             return {"id": job_id, "state": "failed", "errors": [str(e)], "dead_letter": True}
         delay = backoff_delay(self.request.retries, RETRY_BASE_S, RETRY_MAX_S)
         log.warning("sync_retry", error=str(e)[:500], retries=self.request.retries, countdown=round(delay, 1))
+        _mark_retrying(rt, job_id, self.request.retries + 1, delay, e)
         raise self.retry(exc=e, countdown=delay) from e
     finally:
         with contextlib.suppress(RedisError):
@@ -284,6 +285,19 @@ class RedisFileAttempts:
                         attempts=attempts, path=path)
         self.records.put("deadletters", dl.id, dl.model_dump(mode="json"))
         log.error("file_dead_lettered", path=path, blob_sha=sha, attempts=attempts, dead_letter=dl.id)
+
+
+def _mark_retrying(rt: Runtime, job_id: str, retry: int, delay: float, exc: Exception) -> None:
+    """The job is not over: ``failed`` is kept for jobs that will not run again. Best effort (the record store
+    may be what is down; the job then keeps its last recorded state until the retry runs)."""
+    try:
+        job = rt.records.get_job(job_id)
+        if job is not None and job.state == JobState.failed:
+            job.state = JobState.queued
+            job.errors.append(f"retry {retry} in {delay:.0f}s after {type(exc).__name__}")
+            rt.records.put_job(job)
+    except Exception as e:  # noqa: BLE001 - see above
+        log.warning("job_retry_not_recorded", error=str(e)[:300])
 
 
 def _dead_letter(rt: Runtime, task: Task, job_id: str, exc: Exception) -> None:
