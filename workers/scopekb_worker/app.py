@@ -27,6 +27,7 @@ from typing import Any
 import redis
 import structlog
 from celery import Task
+from celery.exceptions import Reject, Retry
 from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import TransportError
@@ -192,8 +193,14 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
             return {"id": job_id, "state": "failed", "errors": [str(e)], "dead_letter": True}
         delay = backoff_delay(self.request.retries, RETRY_BASE_S, RETRY_MAX_S)
         log.warning("sync_retry", error=str(e)[:500], retries=self.request.retries, countdown=round(delay, 1))
-        _mark_retrying(rt, job_id, self.request.retries + 1, delay, e)
-        raise self.retry(exc=e, countdown=delay) from e
+        try:
+            raise self.retry(exc=e, countdown=delay) from e
+        except Retry:  # published: the job is waiting, not failed
+            _mark_retrying(rt, job_id, self.request.retries + 1, delay, e)
+            raise
+        except Reject:  # the broker is down too: the job stays failed, the next reconcile re-syncs the source
+            log.error("sync_retry_not_enqueued", error=str(e)[:300])
+            raise
     finally:
         with contextlib.suppress(RedisError):
             attempts.flush()
