@@ -19,7 +19,8 @@ class Profile:
         quality_pairs: docstring→function pairs evaluated (None: all).
         query_n: sequential requests per mode for latency; query_tp_n: requests per mode for requests/s.
         webhook_n: requests per endpoint for webhook latency; embed_texts: texts for the embedder comparison;
-        ann_queries: queries for ANN fidelity.
+        ann_queries: queries for ANN fidelity; embed_block: texts per encode call in the embedder comparison
+            (sentence-transformers sorts a call's texts by length, so bigger calls pad less, as in a sync).
     """
 
     name: str
@@ -31,6 +32,7 @@ class Profile:
     webhook_n: int
     embed_texts: int
     ann_queries: int
+    embed_block: int
 
 
 REQUESTS = Project("requests", ("2.32.2", "2.32.3"), "src/requests")
@@ -40,6 +42,7 @@ ITSDANGEROUS = Project("itsdangerous", ("2.1.1", "2.1.2"), "src/itsdangerous")
 
 FULL = Profile(name="full", large=("django", ("4.2.13", "4.2.14"), "django/"),
                eval_projects=(REQUESTS, CLICK, FLASK, ITSDANGEROUS), quality_pairs=None, query_n=150,
-               query_tp_n=200, webhook_n=2000, embed_texts=256, ann_queries=200)
+               query_tp_n=200, webhook_n=2000, embed_texts=256, ann_queries=200, embed_block=128)
 QUICK = Profile(name="quick", large=("click", ("8.0.4", "8.1.0"), "src/"), eval_projects=(REQUESTS, ITSDANGEROUS),
-                quality_pairs=60, query_n=30, query_tp_n=60, webhook_n=300, embed_texts=64, ann_queries=40)
+                quality_pairs=60, query_n=30, query_tp_n=60, webhook_n=300, embed_texts=64, ann_queries=40,
+                embed_block=32)

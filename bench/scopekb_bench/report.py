@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -53,6 +54,12 @@ def standard_notes(profile: Any) -> list[str]:
         "re-embedded = the job's embeddings_computed (the embedding cache is keyed by the exact text, which "
         "includes a path/symbol header).",
     ]
+    notes.append("Services run as `scopekb serve` starts them (one uvicorn worker each) and the worker with "
+                 "concurrency 1; the query and webhook load generators (asyncio + httpx) run in the benchmark process "
+                 "on the same machine, so requests/s figures are bounded by the shared CPUs on both sides.")
+    notes.append("Memory is the peak of the summed proportional set size (PSS) of the worker's processes, sampled "
+                 "every 0.2 s; the baseline's is its peak RSS (VmHWM). CPU is user + system time of the worker's "
+                 "processes plus OpenSearch's process CPU (node stats) over the same window.")
     if profile.name == "quick":
         notes.append("QUICK profile: a small 'large' repository (click), two small evaluation projects, sampled "
                      "queries and fewer requests: a smoke run, not numbers to quote.")
@@ -262,11 +269,19 @@ def print_summary(data: dict[str, Any]) -> None:
         console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
 
 
-def publish(out: Path, dest: Path) -> None:
-    """Copy report.md, results.json and the plots to ``dest`` (replacing what was there)."""
+def publish(out: Path, dest: Path, data: dict[str, Any]) -> None:
+    """Copy report.md and the plots to ``dest`` (replacing what was there), with results.json minus the raw
+    per-request latencies and per-query scores (they stay in bench/results/)."""
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     for p in out.iterdir():
-        if p.suffix in (".md", ".json", ".png"):
+        if p.suffix in (".md", ".png"):
             shutil.copy2(p, dest / p.name)
+    slim = json.loads(json.dumps(data, default=str))
+    series = slim.get("series", {})
+    series.pop("quality_per_query_ndcg10", None)
+    series.get("query", {}).pop("latencies", None)
+    for side in ("scopekb", "bare"):
+        series.get("webhook", {}).get(side, {}).pop("latencies", None)
+    (dest / "results.json").write_text(json.dumps(slim, indent=1) + "\n")
