@@ -85,7 +85,9 @@ class StoreUnavailable(RuntimeError):
 class FileAttempts(Protocol):
     """Attempts at chunking one file (``path`` at blob ``sha``) for a group of sources, counted where they
     survive the process (Redis in the worker), so a file whose chunking kills the process every time is noticed
-    on the next delivery of the task instead of crashing it forever.
+    on the next delivery of the task instead of crashing it forever. Used only for jobs that were already
+    redelivered after a death (``job.retries["redelivered"]``), so a file is parked after ``limit`` counted
+    deaths plus the first, uncounted one.
 
     Attributes:
         limit: attempts allowed; the next one is not made: the file is skipped and :meth:`park` is called.
@@ -122,7 +124,8 @@ class SyncDeps:
     embedder: Embedder | None = None
     embed_cache: EmbeddingCache | None = None
     counter: TokenCounter | None = None
-    #: Crash-survivable attempt counts per file (None: not tracked, e.g. the embedded profile's one process).
+    #: Crash-survivable attempt counts per file, used once a job was redelivered after its process died (None: not
+    #: tracked, e.g. the embedded profile's one process).
     attempts: FileAttempts | None = None
 
 
@@ -287,7 +290,9 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
         if plan.to_index or plan.to_delete:
             deps.records.put("state", plan.source.id, {**plan.state, "source_id": plan.source.id,
                                                        "writing": target}, wait=False)
-    outcome = _index(deps, job, plans, prepared, target, progress)
+    # Files are counted only once a process died running this job: a healthy sync costs Redis nothing.
+    attempts = deps.attempts if job.retries.get("redelivered") else None
+    outcome = _index(deps, job, plans, prepared, target, progress, attempts)
     for plan in plans:
         if plan.to_delete:
             job.chunks_deleted += deps.chunks.delete_paths(plan.source.agent_name, plan.source.context_id,
@@ -422,7 +427,7 @@ def _vendored_paths(mirror: Mirror, tree: dict[str, TreeEntry]) -> frozenset[str
 
 
 def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Prepared], commit: str,
-           progress: Progress | None) -> _Outcome:
+           progress: Progress | None, attempts: FileAttempts | None = None) -> _Outcome:
     """Chunk and write every planned path for every source, batch by batch."""
     s = deps.settings
     out = _Outcome()
@@ -447,7 +452,8 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
             chunks: list[Chunk] = []
             if prep.skip is None:
                 sha = prep.entry.sha
-                got = chunk_cache[sha] if sha in chunk_cache else _chunk_file(deps, job, group, path, sha, crash)
+                got = (chunk_cache[sha] if sha in chunk_cache
+                       else _chunk_file(deps, job, group, path, sha, crash, attempts))
                 if got is None:
                     failed_paths.add(path)
                 else:
@@ -455,8 +461,8 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
             per_path.append((path, filetypes.language_for(path), prep.entry.sha, chunks))
             if prep.skip is None and chunks:
                 job.files_indexed += 1
-        if deps.attempts is not None:  # a death from here on is not the files' fault
-            deps.attempts.flush()
+        if attempts is not None:  # a death from here on is not the files' fault
+            attempts.flush()
         vectors = _embed(deps, job, per_path, failed_paths)
         for path, lang, sha, chunks in per_path:
             for plan in plans:
@@ -501,15 +507,16 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
     return out
 
 
-def _chunk_file(deps: SyncDeps, job: Job, group: Sequence[str], path: str, sha: str,
-                crash: frozenset[str]) -> list[Chunk] | None:
-    """Chunks of one file, or None when it is skipped: its chunking raised, or it killed the process more
-    than ``deps.attempts.limit`` times before (then it is parked as a dead letter and not tried again)."""
+def _chunk_file(deps: SyncDeps, job: Job, group: Sequence[str], path: str, sha: str, crash: frozenset[str],
+                attempts: FileAttempts | None = None) -> list[Chunk] | None:
+    """Chunks of one file, or None when it is skipped: its chunking raised, or the process died while chunking
+    it more than ``attempts.limit`` times (counted from the job's first redelivery; then it is parked as a dead
+    letter and not tried again)."""
     text = filetypes.decode_text(deps.blobs.get(blob_key(sha)))  # store errors are the sync's, not the file's
-    if deps.attempts is not None:
-        n = deps.attempts.begin(group, path, sha)
-        if n > deps.attempts.limit:
-            deps.attempts.park(job, path, sha, n - 1)
+    if attempts is not None:
+        n = attempts.begin(group, path, sha)
+        if n > attempts.limit:
+            attempts.park(job, path, sha, n - 1)
             job.files_skipped[SKIP_POISON] = job.files_skipped.get(SKIP_POISON, 0) + 1
             job.errors.append(f"{path}: not indexed: its chunking stopped the worker {n - 1} times; "
                               "parked as a dead letter")
@@ -525,8 +532,8 @@ def _chunk_file(deps: SyncDeps, job: Job, group: Sequence[str], path: str, sha: 
         job.errors.append(f"{path}: chunking failed: {type(e).__name__}: {e}"[:500])
         log.error("chunking_failed", path=path, error=str(e))
         chunks = None
-    if deps.attempts is not None:
-        deps.attempts.done(group, path, sha)
+    if attempts is not None:
+        attempts.done(group, path, sha)
     return chunks
 
 
