@@ -62,6 +62,7 @@ def git_baseline(repo: Path, commit: str) -> tuple[int, float, int]:
 def settings_for(endpoints: dict[str, str], run_id: str, name: str, workdir: Path) -> Settings:
     """Keyword-only settings for an in-process runtime with indices, bucket and git cache private to this run."""
     return Settings(
+        profile="distributed",
         opensearch=OpenSearchSettings(url=endpoints["SCOPEKB_OPENSEARCH__URL"], alias=f"bench-{run_id}-{name}-chunks",
                                       system_prefix=f"bench-{run_id}-{name}-sys"),
         redis=RedisSettings(url=endpoints["SCOPEKB_REDIS__URL"]),

@@ -7,7 +7,8 @@ Order of a run:
 2. services: used when they answer, else started with ``scripts/services`` and stopped at the end;
 3. git read (in this process);
 4. keyword-only stack (ingester, query service, worker as processes) on the large repository: full index from a
-   webhook, baseline bulk, release push, one-file push;
+   webhook, baseline bulk, release push, one-file push; then embedded mode (in this process) on the same
+   repository next to it;
 5. local-model stack on the evaluation corpus: full index, baseline bulk, release push, retrieval quality, query
    latency, ANN fidelity, webhook latency, one-file push;
 6. embedder efficiency (in this process);
@@ -40,7 +41,8 @@ from opensearchpy import OpenSearch
 from scopekb.chunking import counter_for_model
 from scopekb.settings import ChunkingSettings, OpenSearchSettings
 from scopekb.stores.base import ScopeFilter
-from scopekb_bench import corpus, embedder, gitread, pipeline, quality, query, report, webhook
+from scopekb.stores.opensearch import OpenSearchChunkStore
+from scopekb_bench import corpus, embedded, embedder, gitread, pipeline, quality, query, report, webhook
 from scopekb_bench.profiles import FULL, QUICK, Profile
 from scopekb_bench.services import services
 from scopekb_bench.stack import ZERO, Stack, cleanup, new_admin_token, stack_env
@@ -48,7 +50,7 @@ from scopekb_bench.util import REPO, Results, log, machine_info, summary
 
 RESULTS_DIR = REPO / "bench" / "results"
 PUBLISH_DIR = REPO / "bench" / "report"
-ALL_PHASES = ("gitread", "keyword", "model", "embedder")
+ALL_PHASES = ("gitread", "keyword", "embedded", "model", "embedder")
 
 
 class _Terminated(Exception):
@@ -374,6 +376,30 @@ def _model_stack(c: Ctx, st: Stack) -> None:
         res.series["incremental_model_edit"] = {"job": edit.job, "changed": ch, "seconds": edit.seconds}
 
 
+def _embedded(c: Ctx) -> None:
+    assert c.large is not None
+    subprocess.run(["git", "-C", str(c.large_bare), "update-ref", "refs/heads/main", c.large.releases[0]], check=True)
+    alias = f"bench-{c.run_id}-kw-chunks"
+    os_store = OpenSearchChunkStore(c.client, alias=alias, dimension=None)
+    e = embedded.measure(c.workdir, c.large_bare, c.large.releases[0], os_store, ScopeFilter("bench", ("large",)),
+                         c.profile.query_n)
+    pkg = c.profile.large[0]
+    dist = c.res.series.get("ingest_keyword")
+    if dist:
+        c.res.add("embedded", "embedded.index_chunks_per_s",
+                  f"{pkg} keyword-only, embedded mode (one process, SQLite, no servers): chunks/s",
+                  e["chunks"] / e["seconds"], dist["chunks"] / dist["pipeline_seconds"], "chunks/s",
+                  "the distributed pipeline, webhook to searchable (same repository, same run)",
+                  note=f"{e['chunks']} chunks in {e['seconds']:.1f} s, mirror clone included")
+    lat = e["latency"]
+    for p in ("p50", "p95"):
+        c.res.add("embedded", f"embedded.keyword_search.{p}", f"embedded keyword search {p} (run_search on SQLite)",
+                  lat["embedded"][p] * 1000, lat["distributed"][p] * 1000, "ms",
+                  "run_search on the OpenSearch store of the distributed path, same queries", better="lower",
+                  note=f"{e['queries']} docstring queries of {pkg}" if p == "p50" else "")
+    c.res.series["embedded"] = e
+
+
 def _embedder(c: Ctx) -> None:
     assert c.ev is not None
     emb, counter = c.local.get()
@@ -409,6 +435,9 @@ def run(c: Ctx, phases: tuple[str, ...]) -> None:
                 _keyword_stack(c, st)
         finally:
             st.stop()
+    if "embedded" in phases:
+        with phase(c.res, "embedded mode"):
+            _embedded(c)
     if "model" in phases:
         st = Stack("model", stack_env(c.endpoints, c.run_id, "model", c.workdir, "local", c.token), c.logs)
         try:
@@ -450,6 +479,7 @@ EXPECTED = [
     "incremental.keyword.release_push_time", "incremental.local_model.release_reembedded_per_changed",
     "incremental.local_model.one_file_push_time", "incremental.local_model.one_file_reembedded_per_changed",
     "embedder.embeddings_per_s",
+    "embedded.index_chunks_per_s", "embedded.keyword_search.p50", "embedded.keyword_search.p95",
     *[f"query.{m}.{p}" for m in ("keyword", "vector", "hybrid") for p in ("p50", "p95", "rps")],
     "query.hybrid_over_keyword.p50",
     "webhook.p50", "webhook.p99", "webhook.rps",
