@@ -1,0 +1,152 @@
+"""A private set of real services (Redis, OpenSearch + k-NN, SeaweedFS S3) for the fault suite.
+
+Other test runs use the default instance of ``scripts/services`` (ports 6379/9200/8333) at the same time, so
+faults are never injected there. This module starts a second, independent instance through the same script
+with its own state folder (``SCOPEKB_SERVICES_DIR``) and its own ports (``SCOPEKB_SERVICES_*_PORT``), and
+stops, kills or restarts only the processes of that instance (by the pid files in its state folder).
+
+The download and build cache (Maven jars, the OpenSearch layout, the SeaweedFS wheel) is shared with the
+default instance through a symlink, so a private instance costs no downloads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "services"
+HOST = "127.0.0.1"
+
+_PORT_VARS = ("REDIS_PORT", "OPENSEARCH_PORT", "OPENSEARCH_TRANSPORT_PORT", "S3_PORT", "WEED_MASTER_PORT",
+              "WEED_VOLUME_PORT", "WEED_FILER_PORT", "WEED_ADMIN_PORT")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    with contextlib.closing(socket.socket()) as c:
+        c.settimeout(0.2)
+        return c.connect_ex((HOST, port)) != 0
+
+
+def pick_ports(n: int) -> list[int]:
+    """``n`` distinct free ports in 20000-29999 whose +10000 neighbour is free too (SeaweedFS gRPC ports)."""
+    rng = random.Random()
+    out: list[int] = []
+    while len(out) < n:
+        p = rng.randrange(20000, 30000)
+        if p in out or p + 10000 in out or not _port_free(p) or not _port_free(p + 10000):
+            continue
+        out.append(p)
+    return out
+
+
+def shared_cache() -> Path:
+    """The default instance's cache folder (created when missing, then filled by the first ``up``)."""
+    base = Path(os.environ.get("SCOPEKB_SERVICES_DIR") or ROOT / ".services")
+    cache = base / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache.resolve()
+
+
+class PrivateServices:
+    """One private instance of ``scripts/services`` in ``state`` on randomly chosen free ports."""
+
+    def __init__(self, state: Path, java_opts: str = "-Xms512m -Xmx1g") -> None:
+        self.state = state
+        self.state.mkdir(parents=True, exist_ok=True)
+        link = self.state / "cache"
+        if not link.exists():
+            link.symlink_to(shared_cache(), target_is_directory=True)
+        ports_file = self.state / "ports.json"  # a reused state folder keeps its ports (its services may run)
+        if ports_file.exists():
+            self.ports = {k: int(v) for k, v in json.loads(ports_file.read_text()).items()}
+        else:
+            self.ports = dict(zip(_PORT_VARS, pick_ports(len(_PORT_VARS)), strict=True))
+            ports_file.write_text(json.dumps(self.ports))
+        self.script_env = {k: v for k, v in os.environ.items() if not k.startswith("SCOPEKB_SERVICES_")}
+        self.script_env.update({"SCOPEKB_SERVICES_DIR": str(self.state), "SCOPEKB_OPENSEARCH_JAVA_OPTS": java_opts})
+        self.script_env.update({f"SCOPEKB_SERVICES_{k}": str(v) for k, v in self.ports.items()})
+
+    # ---- addresses ---------------------------------------------------------------------------------------
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{HOST}:{self.ports['REDIS_PORT']}/0"
+
+    @property
+    def opensearch_url(self) -> str:
+        return f"http://{HOST}:{self.ports['OPENSEARCH_PORT']}"
+
+    def client_env(self) -> dict[str, str]:
+        """``SCOPEKB_*`` settings of scopekb processes talking to this instance (``scripts/services env``)."""
+        out = self._run("env", capture=True).stdout
+        env: dict[str, str] = {}
+        for line in out.splitlines():
+            if line.startswith("export "):
+                key, _, value = line[len("export "):].partition("=")
+                env[key] = value.strip("'")
+        return env
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+
+    def _run(self, *args: str, capture: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, str(SCRIPT), *args], env=self.script_env, cwd=ROOT, text=True,
+                              capture_output=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"scripts/services {' '.join(args)} failed ({proc.returncode}):\n"
+                               f"{proc.stderr[-3000:]}")
+        return proc
+
+    def up(self, *names: str) -> float:
+        """Start (and wait until healthy) the named services, or all; returns the seconds it took."""
+        t0 = time.monotonic()
+        self._run("up", *names)
+        return time.monotonic() - t0
+
+    def down(self, *names: str) -> float:
+        """Stop the named services (SIGTERM, then SIGKILL after 40 s), or all; returns the seconds it took."""
+        t0 = time.monotonic()
+        self._run("down", *names)
+        return time.monotonic() - t0
+
+    def pid(self, name: str) -> int | None:
+        """Pid of this instance's live ``name`` process (pid file checked against the process start time)."""
+        try:
+            pid_s, start = (self.state / "run" / f"{name}.pid").read_text().split()
+            stat = Path(f"/proc/{int(pid_s)}/stat").read_text()
+        except (FileNotFoundError, ValueError, ProcessLookupError):
+            return None
+        fields = stat[stat.rindex(")") + 2:].split()
+        return int(pid_s) if fields[0] != "Z" and fields[19] == start else None
+
+    def kill(self, name: str) -> int:
+        """SIGKILL this instance's ``name`` process (a crash: nothing is flushed); returns the pid killed."""
+        pid = self.pid(name)
+        if pid is None:
+            raise RuntimeError(f"{name} of the private instance is not running")
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while self.pid(name) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (self.state / "run" / f"{name}.pid").unlink(missing_ok=True)
+        return pid
+
+    def log_tail(self, name: str, chars: int = 3000) -> str:
+        try:
+            return (self.state / "logs" / f"{name}.log").read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return "(no log)"

@@ -1,0 +1,61 @@
+"""A worker machine dies in the middle of a bulk write of a large sync; another worker finishes the job.
+
+The whole worker (Celery parent and its pool process) is SIGKILLed while the index is half written, so nothing
+is acknowledged or cleaned up: the task message stays unacknowledged in Redis, the repository lock stays held
+and the source's sync state keeps its ``writing`` marker. A new worker gets the message back after the
+visibility timeout (acks_late), the lock has expired by then, and the redelivered sync - seeing the marker -
+rewrites what the dead one may have half-written. The index must then equal a fresh full index of the commit.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .harness import generate_repo, wait_until
+
+
+def test_sigkill_worker_mid_bulk_then_new_worker_completes(make_stack, tmp_path, report) -> None:
+    stack = make_stack("kill", SCOPEKB_WORKER__BATCH_FILES="40", SCOPEKB_OPENSEARCH__BULK_MAX_BYTES="131072",
+                       SCOPEKB_WORKER__TASK_SOFT_TIME_LIMIT_S="30", SCOPEKB_WORKER__TASK_TIME_LIMIT_S="35",
+                       SCOPEKB_WORKER__VISIBILITY_TIMEOUT_S="40")
+    repo = tmp_path / "big-repo"
+    commit = generate_repo(repo, files=600)
+    stack.start_query()
+    worker_a = stack.start_worker("worker-a")
+    src = stack.add_source(repo, agent="kill-agent")
+    job_id = stack.sync(src)
+
+    # Kill once a few batches are visible and the job is still running: bulk requests follow each other back to
+    # back (40 files, about 400 chunks, split in requests of 128 KiB), so a kill now lands inside one.
+    seen = wait_until(lambda: (n := stack.count(src)) > 2000 and n, timeout=120, interval=0.05,
+                      what="2,000 chunks written")
+    job_before = stack.job(job_id) or {}
+    killed = stack.kill(worker_a)
+    killed_at = time.monotonic()
+    stack.os.indices.refresh(index=stack.alias)
+    after_kill = stack.count(src)
+    lock_ttls = [stack.redis().ttl(k) for k in stack.redis().keys("scopekb:lock:repo:*")]
+    state = stack.state(src)
+    report("injected", fault="SIGKILL of the whole worker (parent + pool process) mid bulk write", pids=killed,
+           commit=commit[:10], chunks_visible_at_kill=seen, chunks_after_kill=after_kill,
+           chunks_recorded_by_job_before_kill=job_before.get("chunks_written"),
+           job_state_after_kill=(stack.job(job_id) or {}).get("state"), repo_lock_ttls_left=lock_ttls,
+           sync_state_after_kill=state)
+    assert state.get("writing") == commit and state.get("commit") is None
+
+    worker_b = stack.start_worker("worker-b")
+    expected, fresh_job = stack.fresh(repo)  # meanwhile the message waits out the visibility timeout
+    total = sum(expected.values())
+    assert 0 < after_kill < total, "the kill did not land in the middle of the sync"
+    job = stack.wait_job(job_id, timeout=180, procs=[worker_b])
+    comparison = stack.compare(src, expected)
+    report("checked", job_state=job["state"], done_after_kill_s=round(time.monotonic() - killed_at, 1),
+           retries=job["retries"], chunks_written_by_redelivery=job["chunks_written"],
+           fresh_index_chunks=total, fresh_index_files=fresh_job["files_indexed"],
+           comparison=comparison.summary(), sync_state=stack.state(src))
+    assert job["state"] == "done", job
+    assert job["retries"].get("redelivered") == 1, job["retries"]
+    assert comparison.duplicates == 0
+    assert comparison.equal, comparison.summary()
+    final = stack.state(src)
+    assert final.get("commit") == commit and "writing" not in final
