@@ -19,6 +19,7 @@ from urllib.parse import unquote_plus
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from starlette.concurrency import run_in_threadpool
 
 from scopekb import queue
 from scopekb.logging import bind_context, clear_context, configure_logging, get_logger
@@ -26,7 +27,7 @@ from scopekb.models import Source
 from scopekb.runtime import build_runtime, redis_client
 from scopekb.settings import Settings, get_settings
 from scopekb.sources import matching_sources
-from scopekb_ingester.providers import PROVIDERS, BadRequest, decode_body
+from scopekb_ingester.providers import PROVIDERS, BadRequest, Provider, decode_body
 
 log = get_logger("scopekb.ingester")
 
@@ -75,7 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the ingester app. Settings default to :func:`scopekb.settings.get_settings`."""
     settings = settings or get_settings()
     configure_logging("json" if settings.log_format == "auto" else settings.log_format, settings.log_level)
-    rt = build_runtime(settings)
+    rt = build_runtime(settings, with_embedder=False)  # the ingester never embeds: no model in memory
     rds = redis_client(settings)
     celery = queue.make_celery(settings, name="scopekb-ingester")
     cache = SourceCache(lambda: rt.records.list_sources(), lambda: queue.sources_version(rds), ttl_s=30.0)
@@ -102,7 +103,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         raw = await request.body()
         if len(raw) > settings.ingester.max_body_bytes:
             return _err(413, "body too large", "s3", "too_large")
-        given = request.headers.get("x-scopekb-token") or ""
+        return await run_in_threadpool(_process_s3, raw, request.headers.get("x-scopekb-token") or "")
+
+    def _process_s3(raw: bytes, given: str) -> JSONResponse:
+        """Verify, find the covering sources, dedupe and enqueue (blocking clients, off the event loop)."""
+        token = settings.ingester.s3_event_token
+        assert token is not None
         if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
             return _err(401, "invalid token", "s3", "bad_signature")
         try:
@@ -151,13 +157,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if len(body) > cap:
                 return _err(413, f"body larger than {cap} bytes", provider, "too_large")
         raw = bytes(body)
-        event = prov.header(request.headers, prov.event_headers)
-        delivery = prov.header(request.headers, prov.delivery_headers)
+        # Redis, the source cache and the broker are blocking clients: run them off the event loop.
+        return await run_in_threadpool(_process, provider, prov, raw, dict(request.headers))
+
+    def _process(provider: str, prov: Provider, raw: bytes, headers: dict[str, str]) -> JSONResponse:
+        """Everything after the body is read: parse, find sources, verify, dedupe, enqueue."""
+        event = prov.header(headers, prov.event_headers)
+        delivery = prov.header(headers, prov.delivery_headers)
         if not event or not delivery or len(delivery) > 200 or len(event) > 100:
             return _err(400, "missing event or delivery header", provider, "bad_request")
         bind_context(delivery_id=delivery, provider=provider, event=event)
         try:
-            parsed = prov.parse(event, decode_body(raw, request.headers.get("content-type")))
+            parsed = prov.parse(event, decode_body(raw, headers.get("content-type")))
         except BadRequest as e:
             return _err(400, str(e), provider, "bad_request")
         repo = parsed.repository
@@ -171,7 +182,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not found:
             log.info("webhook_unknown_repository", repository=repo.full_name)
             return _err(404, "not found", provider, "unknown_repo")
-        sig = prov.header(request.headers, prov.signature_headers)
+        sig = prov.header(headers, prov.signature_headers)
         # Only sources whose own secret (current or previous, during rotation) signed this body take part.
         eligible = [s for s in found if not s.secrets() or prov.verify(s.secrets(), raw, sig)]
         if not eligible:

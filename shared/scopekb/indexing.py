@@ -364,8 +364,8 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix, src: Source, target: st
             plan.drift = {"missing": {p for p in plan.to_index if p not in indexed},
                           "changed": {p for p in plan.to_index if p in indexed}, "stale": set(plan.to_delete)}
     if src.include or src.exclude:  # the source's own globs: excluded paths are dropped, and lose their chunks
-        excluded = [p for p in plan.to_index if filetypes.path_skip_reason(p, src.include, src.exclude)]
-        plan.to_index = [p for p in plan.to_index if p not in set(excluded)]
+        excluded = {p for p in plan.to_index if filetypes.path_skip_reason(p, src.include, src.exclude)}
+        plan.to_index = [p for p in plan.to_index if p not in excluded]
         plan.to_delete = sorted(set(plan.to_delete) | set(excluded))
     log.info("sync_planned", source_id=src.id, mode=mode, from_commit=last, to_commit=target, writing=writing,
              index=len(plan.to_index), delete=len(plan.to_delete))

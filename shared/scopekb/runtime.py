@@ -90,15 +90,22 @@ def embedding_setup(settings: Settings) -> tuple[Embedder | None, TokenCounter]:
     return emb, counter_for_model(name, settings.chunking)
 
 
-def build_runtime(settings: Settings) -> Runtime:
+def build_runtime(settings: Settings, with_embedder: bool = True) -> Runtime:
     """Clients for OpenSearch (chunks + records), S3 and the embedder — or, in the embedded profile, SQLite
     stores and a blob folder under ``data_dir``. The chunk index is versioned by the embedder's model and
-    dimension (see :func:`scopekb.fields.index_version_name`)."""
+    dimension (see :func:`scopekb.fields.index_version_name`).
+
+    ``with_embedder=False`` (the ingester) skips loading the model; such a runtime reads records only and must
+    not write chunks. Embedded runtimes are shared per process and always carry the embedder.
+    """
     if is_embedded(settings):
         return build_embedded_runtime(settings)
     client = make_client(settings.opensearch)
     os_cfg = settings.opensearch
-    embedder, counter = embedding_setup(settings)
+    if with_embedder:
+        embedder, counter = embedding_setup(settings)
+    else:
+        embedder, counter = None, counter_for_model(None, settings.chunking)
     dimension = embedder.dimension if embedder is not None else None
     chunks = OpenSearchChunkStore(client, alias=os_cfg.alias, dimension=dimension,
                                   model=embedder.model_id if embedder is not None else None,
