@@ -29,6 +29,7 @@ from scopekb.runtime import build_runtime, redis_client
 from scopekb.search import SearchUnavailable, render_text, run_search
 from scopekb.settings import Settings, get_settings
 from scopekb.sources import InvalidRepoUrl, validate_repo_url
+from scopekb.status import source_status
 
 log = get_logger("scopekb.query")
 
@@ -319,20 +320,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "queued", "key": key, "job_id": _enqueue_sync(src, "upload")}
 
     def _source_status(src: Source) -> dict[str, Any]:
-        stats = rt.chunks.source_stats(src.id)
-        state = rt.records.get("state", src.id) or {}
-        jobs = rt.records.list_jobs(source_id=src.id, size=1)
-        last = jobs[0] if jobs else None
-        if last is not None and not last.finished:
-            status = "INDEXING"
-        elif last is not None and last.state.value == "failed":
-            status = "ERROR"
-        elif stats["chunks"] == 0:
-            status = "EMPTY"
-        else:
-            status = "READY"
-        return {"status": status, "indexed_commit": state.get("commit"), "indexed_at": state.get("indexed_at"),
-                **stats, "last_job": last.model_dump(mode="json") if last else None}
+        return source_status(rt.records, rt.chunks, src)
 
     # ---- keys --------------------------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from scopekb.models import Job, JobState, SearchRequest, Source, utcnow
 from scopekb.runtime import Runtime, build_runtime, redis_client
 from scopekb.search import QueryEmbedder, SearchUnavailable, render_text, run_search
 from scopekb.settings import Settings, get_settings, is_embedded
+from scopekb.status import source_status as shared_source_status
 from scopekb_query.app import JOB_QUEUED_KEY, backend_reason
 
 log = get_logger("scopekb.query.mcp")
@@ -323,19 +324,9 @@ def build_mcp_server(rt: Runtime, settings: Settings, enqueue: Enqueue, key_of: 
 
 def source_status(rt: Runtime, src: Source) -> dict[str, Any]:
     """State, documents, chunks and indexed commit of one source (as the REST ``/v1/status`` reports them)."""
-    stats = rt.chunks.source_stats(src.id)
-    state = rt.records.get("state", src.id) or {}
-    jobs = rt.records.list_jobs(source_id=src.id, size=1)
-    last = jobs[0] if jobs else None
-    if last is not None and not last.finished:
-        status = "INDEXING"
-    elif last is not None and last.state.value == "failed":
-        status = "ERROR"
-    elif stats["chunks"] == 0:
-        status = "EMPTY"
-    else:
-        status = "READY"
-    return {"status": status, "indexed_commit": state.get("commit"), "indexed_at": state.get("indexed_at"), **stats}
+    out = shared_source_status(rt.records, rt.chunks, src)
+    out.pop("last_job", None)
+    return out
 
 
 def celery_enqueue(settings: Settings, celery: Celery) -> Enqueue:

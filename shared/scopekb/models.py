@@ -48,11 +48,9 @@ class Scope(BaseModel):
         return _check_scope_part(v, "context_id")
 
 
-class SourceCreate(BaseModel):
+class SourceCreate(Scope):
     """A git repository + ref, or an object-store prefix, bound to one scope (a request to register a source)."""
 
-    agent_name: str
-    context_id: str
     kind: Literal["git", "s3"] = Field(default="git", description="git repository or object-store prefix")
     repo_url: str = Field(default="", description="git: https/ssh clone URL, or a local path where allowed")
     bucket: str | None = Field(default=None, description="s3: bucket (default: the configured one)")
@@ -65,16 +63,6 @@ class SourceCreate(BaseModel):
         default=None, description="still accepted while a secret rotation is rolled out to the host")
     include: list[str] = Field(default_factory=list, description="globs; empty means everything")
     exclude: list[str] = Field(default_factory=list)
-
-    @field_validator("agent_name")
-    @classmethod
-    def _agent(cls, v: str) -> str:
-        return _check_scope_part(v, "agent_name")
-
-    @field_validator("context_id")
-    @classmethod
-    def _context(cls, v: str) -> str:
-        return _check_scope_part(v, "context_id")
 
     @field_validator("ref")
     @classmethod
