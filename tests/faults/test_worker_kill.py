@@ -10,35 +10,40 @@ rewrites what the dead one may have half-written. The index must then equal a fr
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from .harness import generate_repo, wait_until
 
 
 def test_sigkill_worker_mid_bulk_then_new_worker_completes(make_stack, tmp_path, report) -> None:
     stack = make_stack("kill", SCOPEKB_WORKER__BATCH_FILES="40", SCOPEKB_OPENSEARCH__BULK_MAX_BYTES="131072",
-                       SCOPEKB_WORKER__TASK_SOFT_TIME_LIMIT_S="30", SCOPEKB_WORKER__TASK_TIME_LIMIT_S="35",
-                       SCOPEKB_WORKER__VISIBILITY_TIMEOUT_S="40")
+                       SCOPEKB_WORKER__TASK_SOFT_TIME_LIMIT_S="45", SCOPEKB_WORKER__TASK_TIME_LIMIT_S="50",
+                       SCOPEKB_WORKER__VISIBILITY_TIMEOUT_S="55")
     repo = tmp_path / "big-repo"
-    commit = generate_repo(repo, files=600)
+    commit = generate_repo(repo, files=500)
     stack.start_query()
     worker_a = stack.start_worker("worker-a")
     src = stack.add_source(repo, agent="kill-agent")
     job_id = stack.sync(src)
 
-    # Kill once a few batches are visible and the job is still running: bulk requests follow each other back to
-    # back (40 files, about 400 chunks, split in requests of 128 KiB), so a kill now lands inside one.
-    seen = wait_until(lambda: (n := stack.count(src)) > 2000 and n, timeout=120, interval=0.05,
-                      what="2,000 chunks written")
-    job_before = stack.job(job_id) or {}
+    # Kill while a batch is being written: past 1,500 chunks, as soon as OpenSearch holds more chunks than the job
+    # recorded at its last batch (a batch of 40 files is about 400 chunks in bulk requests of 128 KiB).
+    def writing_a_batch() -> tuple[int, int] | None:
+        recorded = (stack.job(job_id) or {}).get("chunks_written", 0)
+        stack.os.indices.refresh(index=stack.alias)
+        n = stack.count(src)
+        return (n, recorded) if n > 1500 and n > recorded else None
+
+    seen, recorded = wait_until(writing_a_batch, timeout=120, interval=0.01, what="a batch being written")
     killed = stack.kill(worker_a)
     killed_at = time.monotonic()
-    stack.os.indices.refresh(index=stack.alias)
-    after_kill = stack.count(src)
+    at_kill = stack.chunks(src)  # refreshed: everything OpenSearch took before the worker died
+    after_kill = sum(at_kill.values())
     lock_ttls = [stack.redis().ttl(k) for k in stack.redis().keys("scopekb:lock:repo:*")]
     state = stack.state(src)
     report("injected", fault="SIGKILL of the whole worker (parent + pool process) mid bulk write", pids=killed,
            commit=commit[:10], chunks_visible_at_kill=seen, chunks_after_kill=after_kill,
-           chunks_recorded_by_job_before_kill=job_before.get("chunks_written"),
+           chunks_recorded_by_job_before_kill=recorded,
            job_state_after_kill=(stack.job(job_id) or {}).get("state"), repo_lock_ttls_left=lock_ttls,
            sync_state_after_kill=state)
     assert state.get("writing") == commit and state.get("commit") is None
@@ -46,12 +51,17 @@ def test_sigkill_worker_mid_bulk_then_new_worker_completes(make_stack, tmp_path,
     worker_b = stack.start_worker("worker-b")
     expected, fresh_job = stack.fresh(repo)  # meanwhile the message waits out the visibility timeout
     total = sum(expected.values())
-    assert 0 < after_kill < total, "the kill did not land in the middle of the sync"
+    per_path = Counter(p for p, _, _ in expected)
+    killed_paths = Counter(p for p, _, _ in at_kill)
+    half_written = sorted(p for p, n in killed_paths.items() if n < per_path[p])
+    report("left by the dead worker", fresh_index_chunks=total, fresh_index_files=fresh_job["files_indexed"],
+           files_complete=len(killed_paths) - len(half_written), files_half_written=len(half_written),
+           sample=half_written[:3])
+    assert recorded < after_kill < total, "the kill did not land in the middle of a batch's writes"
     job = stack.wait_job(job_id, timeout=180, procs=[worker_b])
     comparison = stack.compare(src, expected)
     report("checked", job_state=job["state"], done_after_kill_s=round(time.monotonic() - killed_at, 1),
            retries=job["retries"], chunks_written_by_redelivery=job["chunks_written"],
-           fresh_index_chunks=total, fresh_index_files=fresh_job["files_indexed"],
            comparison=comparison.summary(), sync_state=stack.state(src))
     assert job["state"] == "done", job
     assert job["retries"].get("redelivered") == 1, job["retries"]
