@@ -18,8 +18,10 @@ import contextlib
 import hashlib
 import logging
 import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import Any
@@ -209,15 +211,23 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
 
 @contextlib.contextmanager
 def repo_lock(rds: redis.Redis, name: str, wait_s: float) -> Iterator[None]:
-    """Hold the repository lock ``name`` (waiting up to ``wait_s``); it expires ``LOCK_TTL_S`` after the holder
-    stops renewing it, so a dead worker blocks the repository for at most that long.
+    """Hold the repository lock ``name`` (waiting up to ``wait_s``); a thread renews it while the sync runs.
+
+    It expires ``LOCK_TTL_S`` after the holder stops renewing it, so a worker that died blocks the repository for
+    at most that long - and not at all for a worker on the same host: the lock names its holder (host and pid),
+    and a holder process that no longer exists there is not waited for (a pool process killed while chunking).
 
     Raises:
         redis.exceptions.LockError: not acquired within ``wait_s`` (transient: the task retries later).
     """
-    lock = rds.lock(name, timeout=LOCK_TTL_S, blocking_timeout=wait_s)
-    if not lock.acquire():
-        raise LockError(f"repository lock {name} is held by another sync")
+    # thread_local=False: the renewing thread must see the token of the task's thread
+    lock = rds.lock(name, timeout=LOCK_TTL_S, blocking_timeout=wait_s, thread_local=False)
+    token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+    if not lock.acquire(blocking=False, token=token):
+        if _break_if_holder_dead(rds, name):
+            log.warning("repo_lock_of_dead_process_broken", lock=name)
+        if not lock.acquire(token=token):
+            raise LockError(f"repository lock {name} is held by another sync")
     stop = threading.Event()
 
     def renew() -> None:
@@ -241,6 +251,29 @@ def repo_lock(rds: redis.Redis, name: str, wait_s: float) -> Iterator[None]:
             lock.release()
         except (LockError, RedisError) as e:  # expired meanwhile, or Redis restarted: nothing left to free
             log.warning("repo_lock_release_failed", lock=name, error=str(e))
+
+
+_DELETE_IF_EQUAL = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+def _break_if_holder_dead(rds: redis.Redis, name: str) -> bool:
+    """Delete the lock ``name`` if its holder is a process of this host that no longer exists. True if deleted."""
+    raw = rds.get(name)
+    try:
+        host, pid_s, _ = (raw or b"").decode().split(":", 2)
+        pid = int(pid_s)
+    except ValueError:  # free, or a lock of an older worker (a bare token): wait for its expiry
+        return False
+    if host != socket.gethostname() or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+        return False  # alive (or reused by another process: then the expiry is waited for)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        return False
+    return bool(rds.eval(_DELETE_IF_EQUAL, 1, name, raw))
 
 
 class RedisFileAttempts:
