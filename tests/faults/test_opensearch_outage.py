@@ -60,6 +60,7 @@ def test_opensearch_down_30s_during_sync(make_stack, private_services, tmp_path,
            chunks_written=job["chunks_written"], comparison=comparison.summary(),
            search_after=(after.status_code, len(after.json().get("hits", []))))
     assert job["state"] == "done", job
+    assert '"repo_lock_release_failed"' not in log, "the repository lock expired during the sync (not renewed)"
     assert job["retries"].get("bulk_items", 0) + job["retries"].get("task", 0) > 0, job["retries"]
     assert comparison.equal and comparison.duplicates == 0, comparison.summary()
     assert after.status_code == 200 and after.json()["hits"]
