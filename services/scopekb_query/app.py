@@ -114,7 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the query app. Settings default to :func:`scopekb.settings.get_settings`."""
     settings = settings or get_settings()
     configure_logging("json" if settings.log_format == "auto" else settings.log_format, settings.log_level)
-    rt = build_runtime(settings)
+    rt = build_runtime(settings, interactive=True)
     INDEX_COLLECTOR.rt = rt
     celery = queue.make_celery(settings, name="scopekb-query")
     key_cache: dict[str, tuple[float, ApiKey | None]] = {}

@@ -90,17 +90,18 @@ def embedding_setup(settings: Settings) -> tuple[Embedder | None, TokenCounter]:
     return emb, counter_for_model(name, settings.chunking)
 
 
-def build_runtime(settings: Settings, with_embedder: bool = True) -> Runtime:
+def build_runtime(settings: Settings, with_embedder: bool = True, interactive: bool = False) -> Runtime:
     """Clients for OpenSearch (chunks + records), S3 and the embedder — or, in the embedded profile, SQLite
     stores and a blob folder under ``data_dir``. The chunk index is versioned by the embedder's model and
     dimension (see :func:`scopekb.fields.index_version_name`).
 
     ``with_embedder=False`` (the ingester) skips loading the model; such a runtime reads records only and must
-    not write chunks. Embedded runtimes are shared per process and always carry the embedder.
+    not write chunks. ``interactive=True`` (the query service) uses short OpenSearch timeouts without retry on
+    timeout. Embedded runtimes are shared per process and always carry the embedder.
     """
     if is_embedded(settings):
         return build_embedded_runtime(settings)
-    client = make_client(settings.opensearch)
+    client = make_client(settings.opensearch, interactive=interactive)
     os_cfg = settings.opensearch
     if with_embedder:
         embedder, counter = embedding_setup(settings)

@@ -56,9 +56,13 @@ def test_exhausted_retries_park_a_dead_letter_that_can_be_replayed(worker_module
     assert list_dead_letters(rt.records) == []  # replayed ones are hidden by default
     assert len(list_dead_letters(rt.records, include_replayed=True)) == 1
     # The replayed task is on the broker under the new id.
-    r = w.app.connection().default_channel.client  # the Redis client of the broker connection
-    assert new_job in r.lindex(w.app.conf.task_default_queue, 0).decode()
-    assert r.llen(w.app.conf.task_default_queue) == 1
+    # The worker module may have been imported earlier with another queue: look where the replay client sent it.
+    q = client.conf.task_default_queue
+    r = client.connection().default_channel.client  # the Redis client of the broker connection
+    try:
+        assert r.llen(q) == 1 and new_job in r.lindex(q, 0).decode()
+    finally:
+        r.delete(q)
 
 
 def test_reconcile_enqueues_one_sync_per_repository_and_ref(worker_module, tmp_path) -> None:

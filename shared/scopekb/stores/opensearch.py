@@ -27,11 +27,18 @@ class IndexVersionMismatch(StoreVersionMismatch):
     """The live index behind the alias was built for another mapping version or embedding dimension."""
 
 
-def make_client(cfg: OpenSearchSettings) -> OpenSearch:
-    """Build an opensearch-py client from settings (basic auth when a username is set)."""
+def make_client(cfg: OpenSearchSettings, interactive: bool = False) -> OpenSearch:
+    """Build an opensearch-py client from settings (basic auth when a username is set).
+
+    ``interactive`` (the query service): at most 10 s per request and no retry on timeout, so a frozen cluster
+    gives callers a quick 503 instead of a hang of ``timeout × retries``; workers keep patient retries.
+    """
     auth = None
     if cfg.username:
         auth = (cfg.username, cfg.password.get_secret_value() if cfg.password else "")
+    if interactive:
+        return OpenSearch(hosts=[cfg.url], http_auth=auth, verify_certs=cfg.verify_certs,
+                          timeout=min(cfg.timeout_s, 10.0), max_retries=1, retry_on_timeout=False)
     return OpenSearch(hosts=[cfg.url], http_auth=auth, verify_certs=cfg.verify_certs, timeout=cfg.timeout_s,
                       max_retries=3, retry_on_timeout=True, http_compress=False)
 
