@@ -6,7 +6,7 @@ Where the services come from, in order:
    ``SCOPEKB_S3__ENDPOINT``/``ACCESS_KEY``/``SECRET_KEY``/``SECURE``/``BUCKET``), as printed by
    ``scripts/services env`` after ``scripts/services up`` (see scripts/README.md).
 2. If none of them is set and a Docker engine answers: testcontainers (OpenSearch, Redis, and SeaweedFS for
-   S3 - not the MinIO server, which is AGPL).
+   S3 - never an AGPL-licensed S3 image).
 3. Otherwise the tests fail with one line naming the commands to run.
 """
 

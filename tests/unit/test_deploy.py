@@ -599,7 +599,7 @@ def test_compose_backing_services() -> None:
     compose = _compose()
     services = compose["services"]
     images = " ".join(str(s.get("image", "")) for s in services.values())
-    assert "minio" not in images.lower(), "no MinIO server (AGPL)"
+    assert "minio" not in images.lower(), "no MinIO (AGPL) image: use SeaweedFS or versitygw"
     opensearch = services["opensearch"]
     assert re.fullmatch(r"opensearchproject/opensearch:2\.19\.\d+", opensearch["image"])
     assert opensearch["environment"]["discovery.type"] == "single-node"
