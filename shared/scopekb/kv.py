@@ -94,9 +94,11 @@ class MemoryKV:
         """Commands queued and run in order by ``execute()`` (atomic here: one lock)."""
         return _Pipeline(self)
 
-    def lock(self, name: str, timeout: float | None = None, blocking_timeout: float | None = None) -> _Lock:
+    def lock(self, name: str, timeout: float | None = None, blocking_timeout: float | None = None,
+             thread_local: bool = True) -> _Lock:
         """A lock on ``name`` (expiring after ``timeout`` s) like ``redis.lock.Lock``: ``acquire``/``release``
-        or a ``with`` block, waiting up to ``blocking_timeout`` s."""
+        or a ``with`` block, waiting up to ``blocking_timeout`` s. Tokens are never thread-local here, so
+        ``thread_local`` is accepted and ignored."""
         return _Lock(self, name, timeout, blocking_timeout)
 
 
@@ -123,7 +125,10 @@ class _Lock:
         self.kv, self.name, self.timeout, self.blocking_timeout = kv, name, timeout, blocking_timeout
         self.token = f"{threading.get_ident()}-{time.monotonic_ns()}".encode()
 
-    def acquire(self, blocking: bool = True, blocking_timeout: float | None = None) -> bool:
+    def acquire(self, blocking: bool = True, blocking_timeout: float | None = None, token: str | None = None
+                ) -> bool:
+        if token is not None:
+            self.token = token.encode()
         wait = blocking_timeout if blocking_timeout is not None else self.blocking_timeout
         deadline = None if wait is None else time.monotonic() + wait
         ex = int(self.timeout) if self.timeout else None
