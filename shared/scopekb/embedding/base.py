@@ -9,7 +9,7 @@ unreachable after the bounded retries) raise instead: the whole batch has to be 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,6 +43,20 @@ class EmbeddingConfigError(EmbeddingError):
 def is_blank(text: str) -> bool:
     """True for texts that are never sent to a provider: empty or only whitespace."""
     return not text or text.isspace()
+
+
+def live_inputs(texts: Sequence[str], count_tokens: Callable[[Sequence[str]], list[int]]
+                ) -> tuple[list[int], list[int]]:
+    """Positions of the non-blank texts and the token count of every position (0 for blanks).
+
+    The common start of every provider's ``embed``: blank texts are never sent and never counted.
+    """
+    live = [i for i, t in enumerate(texts) if not is_blank(t)]
+    token_counts = [0] * len(texts)
+    if live:
+        for i, c in zip(live, count_tokens([texts[i] for i in live]), strict=True):
+            token_counts[i] = c
+    return live, token_counts
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from scopekb.embedding.base import EmbeddingConfigError, EmbedResult, Vector, is_blank
+from scopekb.embedding.base import EmbeddingConfigError, EmbedResult, Vector, is_blank, live_inputs
 from scopekb.logging import get_logger
 from scopekb.settings import EmbeddingSettings
 
@@ -166,16 +166,12 @@ class LocalEmbedder:
             model read), ``requests`` is 0.
         """
         texts = list(texts)
-        n = len(texts)
-        vectors: list[Vector | None] = [None] * n
-        token_counts = [0] * n
+        vectors: list[Vector | None] = [None] * len(texts)
         errors: dict[int, str] = {}
-        live = [i for i, t in enumerate(texts) if not is_blank(t)]
+        live, token_counts = live_inputs(texts, self.count_tokens)
         if not live:
             return EmbedResult(vectors=vectors, token_counts=token_counts)
         live_texts = [texts[i] for i in live]
-        for i, c in zip(live, self.count_tokens(live_texts), strict=True):
-            token_counts[i] = c
         try:
             rows: list[np.ndarray | None] = list(self.encode(live_texts))
         except Exception as batch_error:  # noqa: BLE001 - isolate the failing text(s) below

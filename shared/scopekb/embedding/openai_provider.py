@@ -30,6 +30,7 @@ from scopekb.embedding.base import (
     EmbedResult,
     Vector,
     is_blank,
+    live_inputs,
 )
 from scopekb.embedding.limits import backoff_delay, estimate_tokens, parse_retry_after, plan_batches
 from scopekb.logging import get_logger
@@ -221,16 +222,12 @@ class OpenAIEmbedder:
                 text refused like the batch, a malformed answer or a vector of the wrong dimension.
         """
         texts = list(texts)
-        n = len(texts)
-        vectors: list[Vector | None] = [None] * n
-        token_counts = [0] * n
+        vectors: list[Vector | None] = [None] * len(texts)
         errors: dict[int, str] = {}
-        live = [i for i, t in enumerate(texts) if not is_blank(t)]
+        live, token_counts = live_inputs(texts, self.count_tokens)
         if not live:
             return EmbedResult(vectors=vectors, token_counts=token_counts)
-        counts = self.count_tokens([texts[i] for i in live])
-        for i, c in zip(live, counts, strict=True):
-            token_counts[i] = c
+        counts = [token_counts[i] for i in live]
         stats = {"requests": 0, "tokens": 0, "bisect_budget": self.max_bisect_requests}
         for batch in plan_batches(counts, self.max_batch_inputs, self.max_batch_tokens):
             positions = [live[k] for k in batch]
