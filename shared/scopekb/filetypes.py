@@ -88,33 +88,90 @@ def _glob(path: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(path, pattern) or fnmatch.fnmatchcase(path, pattern.replace("**/", ""))
 
 
+#: Bytes examined when telling text from binary (git's own NUL check looks at the first 8000 bytes).
+SNIFF_BYTES = 8192
+#: Share of C0 control characters (other than tab, newline, carriage return, form feed, vertical tab, backspace
+#: and escape) above which valid UTF-8 is still not text (e.g. random bytes 0x01-0x7F).
+MAX_CONTROL_SHARE = 0.10
+_TEXT_CONTROLS = frozenset("\t\n\r\f\v\b\x1b")
+#: On a tie between equally plausible single-byte encodings, Windows-1252 is chosen (the WHATWG Encoding
+#: Standard's label for legacy Western text, a superset of Latin-1's printable range).
+_PREFERRED_LEGACY = ("cp1252", "latin_1")
+
+
+def _utf8(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _too_many_controls(text: str) -> bool:
+    sample = text[:SNIFF_BYTES]
+    n = sum(1 for c in sample if c < " " and c not in _TEXT_CONTROLS)
+    return n > MAX_CONTROL_SHARE * max(len(sample), 1)
+
+
+def sniff_encoding(data: bytes) -> str | None:
+    """The encoding of a blob, or None when it is not text (binary).
+
+    UTF-8 (with or without BOM) and UTF-16 with BOM are recognised directly; a NUL byte in the first
+    :data:`SNIFF_BYTES` bytes or too many control characters (:data:`MAX_CONTROL_SHARE`) means binary; anything
+    else is handed to charset-normalizer, which either names a plausible encoding (Shift_JIS, GB18030, KOI8-R,
+    Windows-1252, ...) or finds the bytes too chaotic for any (binary). Ties between equally plausible
+    single-byte encodings go to Windows-1252.
+    """
+    if data.startswith(codecs.BOM_UTF8):
+        return "utf-8-sig"
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "utf-16"
+    if b"\x00" in data[:SNIFF_BYTES]:
+        return None
+    text = _utf8(data)
+    if text is not None:
+        return None if _too_many_controls(text) else "utf-8"
+    from charset_normalizer import from_bytes
+
+    matches = list(from_bytes(data))
+    if not matches:
+        return None
+    best = matches[0]
+    for m in matches:
+        if (m.chaos, m.coherence) != (best.chaos, best.coherence):
+            continue
+        for enc in _PREFERRED_LEGACY:
+            if enc in m.could_be_from_charset:
+                try:
+                    data.decode(enc)
+                    return enc
+                except UnicodeDecodeError:
+                    pass
+    return best.encoding
+
+
 def content_skip_reason(data: bytes) -> str | None:
-    """Reason to skip a blob by its bytes (LFS pointer, binary, empty), or None when it is text."""
+    """Reason to skip a blob by its bytes (empty, LFS pointer, ``binary``), or None when it is text.
+
+    Binary means :func:`sniff_encoding` finds no text encoding for it.
+    """
     if not data.strip():
         return SKIP_EMPTY
     if data.startswith(LFS_POINTER_PREFIX):
         return SKIP_LFS
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return None
-    if b"\x00" in data[:8192]:
+    if sniff_encoding(data) is None:
         return SKIP_BINARY
     return None
 
 
 def decode_text(data: bytes) -> str:
-    """Decode a text blob: UTF-8 (BOM stripped), UTF-16 with BOM, else Latin-1; CRLF and CR become LF.
+    """Decode a text blob in the encoding :func:`sniff_encoding` names (UTF-8 without BOM, UTF-16 by BOM,
+    legacy encodings as charset-normalizer guesses them); CRLF and CR become LF.
 
-    Latin-1 maps every byte, so this never raises; binaries are caught earlier by :func:`content_skip_reason`.
+    Never raises: bytes not valid in the chosen encoding are replaced (U+FFFD), and a blob with no text
+    encoding (binaries are caught earlier by :func:`content_skip_reason`) is read as Latin-1.
     """
-    if data.startswith(codecs.BOM_UTF8):
-        text = data[len(codecs.BOM_UTF8):].decode("utf-8", errors="replace")
-    elif data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        text = data.decode("utf-16", errors="replace")
-    else:
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            text = data.decode("latin-1")
+    enc = sniff_encoding(data) or "latin-1"
+    text = data.decode(enc, errors="replace")
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 

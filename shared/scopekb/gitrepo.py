@@ -54,6 +54,43 @@ class Change:
     old_path: str | None = None
 
 
+#: Skip reason of a path whose escaped form (:func:`escape_path`) equals another path of the same tree.
+SKIP_PATH_COLLISION = "path_collision"
+
+
+def _is_escaped_byte(ch: str) -> bool:
+    return "\udc80" <= ch <= "\udcff"
+
+
+def escape_path(raw: str) -> str:
+    """The indexable form of a path as git output decodes it (UTF-8 with ``surrogateescape``, GitPython's way).
+
+    A valid UTF-8 path is returned unchanged. A path with bytes that are not UTF-8 (e.g. ``caf\\xe9.txt`` from a
+    Latin-1 file system) becomes valid text by percent-encoding those bytes and, in such a path only, the ``%``
+    itself (RFC 3986 style): ``caf%E9.txt``, ``100%E9%.txt`` → ``100%25%E9%25.txt``. The form is lossless
+    (:func:`unescape_path` gives back the bytes), is what chunks are stored, found and deleted under, and has no
+    character that globs or OpenSearch wildcards treat specially.
+    """
+    if not any(_is_escaped_byte(c) for c in raw):
+        return raw
+    return "".join(f"%{ord(c) - 0xDC00:02X}" if _is_escaped_byte(c) else "%25" if c == "%" else c for c in raw)
+
+
+def unescape_path(escaped: str) -> bytes:
+    """The original bytes of a path escaped by :func:`escape_path` because it was not UTF-8 (``%XX`` → byte)."""
+    out = bytearray()
+    i = 0
+    while i < len(escaped):
+        hexpair = escaped[i + 1:i + 3]
+        if escaped[i] == "%" and len(hexpair) == 2 and all(c in "0123456789ABCDEF" for c in hexpair):
+            out.append(int(escaped[i + 1:i + 3], 16))
+            i += 3
+        else:
+            out += escaped[i].encode("utf-8")
+            i += 1
+    return bytes(out)
+
+
 def is_sha(value: str | None) -> bool:
     """True for a full 40-hex commit id."""
     return bool(value) and bool(_SHA_RE.match(value or ""))
@@ -89,6 +126,8 @@ class Mirror:
         self.allow_local = allow_local
         self.timeout_s = timeout_s
         self._repo: git.Repo | None = None
+        #: Paths of the last :meth:`tree` left out, with the reason (an escaped name equal to another path).
+        self.dropped: dict[str, str] = {}
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -160,25 +199,42 @@ class Mirror:
     def tree(self, commit: str) -> list[TreeEntry]:
         """Every entry of the commit's tree, recursively, with sizes (``git ls-tree -r -l -z``).
 
+        Paths that are not UTF-8 are given in their escaped form (:func:`escape_path`); one whose escaped form
+        equals another path of the tree is left out and named in :attr:`dropped` (reason ``path_collision``).
+
         Raises:
             CommitNotFound: ``commit`` is not in the mirror.
         """
         if not self.has_commit(commit):
             raise CommitNotFound(f"commit {commit} not found in {self.repo_url}")
         out = self.repo.git.ls_tree("-r", "-l", "-z", "--full-tree", commit, strip_newline_in_stdout=False)
-        entries = []
+        entries: list[TreeEntry] = []
+        escaped: list[TreeEntry] = []
         for rec in out.split("\0"):
             if not rec:
                 continue
-            meta, path = rec.split("\t", 1)
+            meta, raw = rec.split("\t", 1)
             mode, _type, sha, size = meta.split()
-            entries.append(TreeEntry(path=path, mode=mode, sha=sha, size=None if size == "-" else int(size)))
+            path = escape_path(raw)
+            (entries if path == raw else escaped).append(
+                TreeEntry(path=path, mode=mode, sha=sha, size=None if size == "-" else int(size)))
+        self.dropped = {}
+        if escaped:
+            taken = {e.path for e in entries}
+            for e in escaped:
+                if e.path in taken:
+                    self.dropped[e.path] = SKIP_PATH_COLLISION
+                    log.warning("git_path_collision", path=e.path, repo=self.repo_url)
+                else:
+                    taken.add(e.path)
+                    entries.append(e)
         return entries
 
     def diff(self, old: str, new: str) -> list[Change]:
         """Changed paths from ``old`` to ``new`` with rename detection (``git diff-tree -r -M -z``).
 
-        A type change (file ↔ symlink ↔ gitlink) is reported as ``T``.
+        Paths are in their :func:`escape_path` form, as :meth:`tree` gives them. A type change (file ↔ symlink ↔
+        gitlink) is reported as ``T``.
         """
         out = self.repo.git.diff_tree("-r", "-M", "-z", "--no-commit-id", "--raw", old, new,
                                       strip_newline_in_stdout=False)
@@ -192,14 +248,14 @@ class Mirror:
                 continue
             status = meta.split()[-1]
             if status[0] in "RC":
-                old_path, new_path = parts[i + 1], parts[i + 2]
+                old_path, new_path = escape_path(parts[i + 1]), escape_path(parts[i + 2])
                 i += 3
                 if status[0] == "R":
                     changes.append(Change("R", new_path, old_path))
                 else:
                     changes.append(Change("A", new_path))
             else:
-                changes.append(Change(status[0], parts[i + 1]))
+                changes.append(Change(status[0], escape_path(parts[i + 1])))
                 i += 2
         return changes
 

@@ -277,6 +277,8 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
                 raise SyncError(f"ref {sources[0].ref!r} not found in {sources[0].repo_url}")
             target = resolved
             tree = {e.path: e for e in reader.tree(target)}
+            for reason in reader.dropped.values():  # not-UTF-8 names whose escaped form another path has
+                job.files_skipped[reason] = job.files_skipped.get(reason, 0) + 1
         job.to_commit = target
         plans = [_plan(deps, reader, src, target, tree, verify) for src in sources]
         job.from_commit = {p.source.id: p.from_commit for p in plans}

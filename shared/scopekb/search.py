@@ -12,11 +12,15 @@ from typing import Any
 from scopekb import fields as F
 from scopekb import scoring
 from scopekb.models import SearchHit, SearchMode, SearchRequest, SearchResponse
+from scopekb.render import render_text
 from scopekb.settings import QuerySettings
 from scopekb.stores.base import ChunkStore, RawHit, ScopeFilter, SearchFilter, StoreVersionMismatch
 
 #: Turns a query text into a vector, or None in keyword-only mode.
 QueryEmbedder = Callable[[str], Sequence[float]]
+
+
+__all__ = ["QueryEmbedder", "SearchUnavailable", "render_text", "run_search"]
 
 
 class SearchUnavailable(ValueError):
@@ -77,17 +81,3 @@ def _hit(d: dict[str, Any], score: float) -> SearchHit:
         symbol=d.get(F.SYMBOL), repo=d.get(F.REPO), ref=d.get(F.REF), commit=d.get(F.COMMIT),
         source_id=d.get(F.SOURCE_ID), agent_name=d[F.AGENT_NAME], context_id=d[F.CONTEXT_ID],
         indexed_at=d.get(F.INDEXED_AT))
-
-
-def render_text(resp: SearchResponse) -> str:
-    """Text for agents: each hit names its source before the content, and the content is fenced so document
-    text cannot read like instructions. An empty result says so plainly."""
-    if not resp.hits:
-        return f"No results for {resp.query!r}."
-    parts = []
-    for n, h in enumerate(resp.hits, 1):
-        head = f"[{n}] {h.path}:{h.start_line}-{h.end_line} (score {h.score:.2f})"
-        if h.symbol:
-            head += f" {h.symbol}"
-        parts.append(f"{head}\n<<<chunk\n{h.content}\nchunk>>>")
-    return "\n\n".join(parts)

@@ -7,6 +7,7 @@ its sync, the real worker indexes it, and ``search`` finds the function by name 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -137,12 +138,13 @@ def test_mcp_http_lists_tools_indexes_and_searches(stack: Stack, mcp_world: dict
         ])
     text = _text(hit)
     assert not hit.is_error
-    first_line = text.splitlines()[0]
+    first_line = next(ln for ln in text.splitlines() if ln.startswith("[1] "))
     start = WIDGETS.splitlines().index(f"def {FUNC}(count, *, verbose=False):") + 1
     assert first_line.startswith("[1] pkg/widgets.py:"), text
     lo, hi = (int(x) for x in first_line.split(":", 1)[1].split(" ", 1)[0].split("-"))
     assert lo <= start <= hi
-    assert "<<<chunk\n" in text and f"def {FUNC}" in text and "chunk>>>" in text
+    nonce = re.search(r"<<<chunk-([0-9a-f]{12})\n", text)
+    assert nonce and f"def {FUNC}" in text and f"\nchunk-{nonce.group(1)}>>>" in text, text
     assert text.index("pkg/widgets.py") < text.index(f"def {FUNC}"), "the source is named before the content"
     assert _text(py_only).count("[") >= 1 and "[2]" not in _text(py_only)
     assert _text(md_only).startswith("No results") or "pkg/widgets.py" not in _text(md_only)
