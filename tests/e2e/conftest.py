@@ -74,6 +74,26 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 6
     pytest.fail(f"{url} not up after {timeout_s}s")
 
 
+def start_procs(cmds: dict[str, list[str]], env: dict[str, str], logs: Path) -> list[subprocess.Popen]:
+    """Start each command (``name -> argv``) with its output in ``logs/<name>.log``; returns them in order."""
+    procs = []
+    for name, argv in cmds.items():
+        fh = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        procs.append(subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT))
+    return procs
+
+
+def stop_procs(procs: list[subprocess.Popen]) -> None:
+    """Terminate the processes (by their own pids), killing any still running after 20 s."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 @pytest.fixture(scope="session")
 def stack_env(opensearch_url: str, redis_url: str, s3_config: dict, tmp_path_factory: pytest.TempPathFactory
               ) -> dict[str, str]:
@@ -114,18 +134,10 @@ def stack(stack_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -
         "worker": ["worker", "--concurrency", "1"],
     }
     try:
-        for name, args in cmds.items():
-            fh = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-            st.procs.append(subprocess.Popen([sys.executable, "-m", "scopekb_cli.main", *args], env=stack_env,
-                                             stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT))
+        st.procs = start_procs({name: [sys.executable, "-m", "scopekb_cli.main", *args]
+                                for name, args in cmds.items()}, stack_env, logs)
         _wait_http(st.ingester_url + "/healthz", st.procs[0], logs / "ingester.log")
         _wait_http(st.query_url + "/healthz", st.procs[1], logs / "query.log")
         yield st
     finally:
-        for p in st.procs:
-            p.terminate()
-        for p in st.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_procs(st.procs)
