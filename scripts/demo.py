@@ -28,7 +28,7 @@ import httpx
 from scopekb.realrepo import build_release_repo, git
 
 ROOT = Path(__file__).resolve().parents[1]
-STATE = Path(os.environ.get("SCOPEKB_SERVICES_DIR") or ROOT / ".services")
+STATE = Path(os.environ.get("SCOPEKB_SERVICES_DIR") or ROOT / ".services").resolve()
 PACKAGE, RELEASES = "click", ["8.0.4", "8.1.0"]
 DEMO_ALIAS, DEMO_PREFIX = "scopekb-demo-chunks", "scopekb-demo-sys"
 QUERIES = ["get_terminal_size", "shell completion for bash", "resultcallback"]

