@@ -12,7 +12,6 @@ from typing import Any
 
 from scopekb.logging import get_logger
 from scopekb.runtime import Runtime
-from scopekb.settings import is_embedded
 
 log = get_logger("scopekb.console")
 
@@ -42,7 +41,7 @@ def _probe(name: str, fn: Any) -> Check:
 def health_checks(rt: Runtime, celery: Any) -> list[Check]:
     """Probe the chunk store, Redis, the blob store, the sync queue and the workers of ``rt``'s profile."""
     settings = rt.settings
-    if is_embedded(settings):
+    if rt.opensearch_client is None:  # the embedded profile's runtime (SQLite stores, blob folder)
         return [
             _probe("index (SQLite)", lambda: (True, f"{rt.chunks.count()} chunks")),
             Check("Redis", None, "not used: embedded profile (in-memory coordination)"),

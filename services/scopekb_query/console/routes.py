@@ -24,7 +24,7 @@ from scopekb.logging import get_logger
 from scopekb.models import Job, SearchRequest, Source, SourceCreate
 from scopekb.runtime import Runtime
 from scopekb.search import SearchUnavailable, run_search
-from scopekb.settings import Settings, is_embedded
+from scopekb.settings import Settings
 from scopekb.status import source_status
 from scopekb.stores.base import ScopeFilter
 
@@ -93,7 +93,7 @@ class Console:
              **context: Any) -> HTMLResponse:
         """Render template ``name`` with the viewer, its CSRF token and the security headers."""
         context.update(viewer=viewer, csrf=viewer.session.csrf if viewer else "",
-                       embedded=is_embedded(self.settings))
+                       embedded=self.rt.opensearch_client is None)
         resp = self.templates.TemplateResponse(request, name, context, status_code=status)
         resp.headers.update(SECURITY_HEADERS)
         return resp
