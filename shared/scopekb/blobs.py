@@ -39,12 +39,14 @@ class BlobStore(Protocol):
 class S3BlobStore:
     """Blobs in an S3 bucket through the ``minio`` SDK (any S3-compatible server).
 
-    Raises :class:`BlobNotFound` for a missing key; other S3 errors propagate as ``minio.error.S3Error``.
+    Raises :class:`BlobNotFound` for a missing key; other S3 errors propagate as ``minio.error.S3Error``;
+    :class:`scopekb.settings.S3NotConfigured` when the settings carry no credentials.
     """
 
     def __init__(self, cfg: S3Settings) -> None:
-        self.client = Minio(cfg.endpoint, access_key=cfg.access_key,
-                            secret_key=cfg.secret_key.get_secret_value(), secure=cfg.secure, region=cfg.region)
+        access_key, secret_key = cfg.credentials()  # raises S3NotConfigured: never built-in credentials
+        self.client = Minio(cfg.endpoint, access_key=access_key, secret_key=secret_key, secure=cfg.secure,
+                            region=cfg.region)
         self.bucket = cfg.bucket
         self._bucket_ok = False
 

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import stat
 from collections.abc import Iterator
 from html.parser import HTMLParser
+from pathlib import Path
 
 from minio import Minio
 from minio.error import S3Error
 
 from scopekb.gitrepo import TreeEntry
-from scopekb.settings import S3Settings
+from scopekb.settings import S3Settings, Settings, is_embedded
 
 #: Object names indexed from an object-store source (others are listed and skipped as ``unsupported``).
 DOCUMENT_SUFFIXES = (".md", ".markdown", ".txt", ".rst", ".html", ".htm", ".pdf", ".adoc", ".csv", ".json",
@@ -95,12 +98,14 @@ def to_text(path: str, data: bytes) -> bytes | None:
 class ObjectPrefix:
     """Objects under ``bucket/prefix`` as a tree of documents (paths relative to the prefix).
 
-    Raises (from :meth:`tree`): ``minio.error.S3Error`` when the bucket cannot be listed.
+    Raises: :class:`scopekb.settings.S3NotConfigured` (constructor) when the settings carry no credentials;
+    ``minio.error.S3Error`` (from :meth:`tree`) when the bucket cannot be listed.
     """
 
     def __init__(self, cfg: S3Settings, bucket: str, prefix: str) -> None:
-        self.client = Minio(cfg.endpoint, access_key=cfg.access_key, secret_key=cfg.secret_key.get_secret_value(),
-                            secure=cfg.secure, region=cfg.region)
+        access_key, secret_key = cfg.credentials()  # raises S3NotConfigured: never built-in credentials
+        self.client = Minio(cfg.endpoint, access_key=access_key, secret_key=secret_key, secure=cfg.secure,
+                            region=cfg.region)
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self._keys: dict[str, str] = {}
@@ -147,3 +152,78 @@ class ObjectPrefix:
 
     def close(self) -> None:
         """Nothing to close."""
+
+
+class FolderPrefix:
+    """The embedded profile's object store for documents: files under ``<data_dir>/documents/<bucket>/<prefix>/``,
+    with the interface of :class:`ObjectPrefix` (issue 16: embedded mode never sends documents to an S3 endpoint
+    it was not given). A file's content id is a sha1 over its sha256; symlinks are never followed.
+    """
+
+    def __init__(self, root: Path, bucket: str, prefix: str) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.root = Path(root)
+        self.base = self.root / bucket / self.prefix
+        self._paths: dict[str, Path] = {}
+
+    def _path(self, rel: str) -> Path:
+        rel = rel.lstrip("/")
+        parts = rel.split("/")
+        if not rel or any(p in ("", ".", "..") for p in parts) or any(ord(c) < 32 for c in rel):
+            raise ValueError(f"document path {rel[:100]!r} is not a plain relative path")
+        return self.base / rel
+
+    def tree(self) -> dict[str, TreeEntry]:
+        """Every regular file under the prefix: path → entry with ``sha`` from its content."""
+        out: dict[str, TreeEntry] = {}
+        if not self.base.is_dir():
+            return out
+        for dirpath, dirnames, filenames in os.walk(self.base, followlinks=False):
+            dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
+            for name in filenames:
+                full = Path(dirpath) / name
+                st = full.lstat()
+                if not stat.S_ISREG(st.st_mode) or ".tmp" in name:
+                    continue
+                rel = full.relative_to(self.base).as_posix()
+                sha = hashlib.sha1(b"folder:" + hashlib.sha256(full.read_bytes()).digest()).hexdigest()
+                self._paths[sha] = full
+                out[rel] = TreeEntry(path=rel, mode="100644", sha=sha, size=st.st_size)
+        return out
+
+    def read_blob(self, sha: str) -> bytes:
+        """Contents of the file listed with content id ``sha``."""
+        return self._paths[sha].read_bytes()
+
+    def put(self, rel: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        """Store a document under the prefix (atomically); returns its key (``prefix/rel``).
+
+        Raises:
+            ValueError: ``rel`` is not a plain relative path.
+        """
+        p = self._path(rel)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + f".tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        tmp.replace(p)
+        return self.prefix + rel.lstrip("/")
+
+    def fetch(self) -> None:
+        """Nothing to fetch: the listing in :meth:`tree` is the state."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def document_prefix(settings: Settings, bucket: str | None, prefix: str) -> ObjectPrefix | FolderPrefix:
+    """Where an object-store source's documents live: S3 in the distributed profile (or when S3 settings are
+    given explicitly), otherwise the embedded profile's folder ``<data_dir>/documents``.
+
+    Raises:
+        scopekb.settings.S3NotConfigured: S3 is to be used but no credentials are set.
+    """
+    bucket = bucket or settings.s3.bucket
+    if is_embedded(settings) and "s3" not in settings.model_fields_set:
+        return FolderPrefix(Path(settings.data_dir) / "documents", bucket, prefix)
+    return ObjectPrefix(settings.s3, bucket, prefix)

@@ -10,6 +10,8 @@ import fnmatch
 import posixpath
 from collections.abc import Sequence
 
+from scopekb.patterns import CEILING, PatternRefused, compile_glob
+
 #: Skip reasons recorded in job records (counts per reason).
 SKIP_BINARY = "binary"
 SKIP_TOO_LARGE = "too_large"
@@ -82,10 +84,13 @@ def path_skip_reason(path: str, include: Sequence[str] = (), exclude: Sequence[s
 
 
 def _glob(path: str, pattern: str) -> bool:
-    """Glob on a repository path: a pattern without ``/`` matches the file name in any folder."""
-    if "/" not in pattern:
-        return fnmatch.fnmatchcase(posixpath.basename(path), pattern)
-    return fnmatch.fnmatchcase(path, pattern) or fnmatch.fnmatchcase(path, pattern.replace("**/", ""))
+    """Glob on a repository path (fnmatch dialect with ``**/``, see :mod:`scopekb.patterns`): a pattern without
+    ``/`` matches the file name in any folder. Matched by RE2 in linear time; a pattern over the ceiling (only a
+    source registered before the limits existed can hold one) matches nothing."""
+    try:
+        return compile_glob(pattern, CEILING, classes=True).match(path if "/" in pattern else posixpath.basename(path))
+    except PatternRefused:
+        return False
 
 
 #: Bytes examined when telling text from binary (git's own NUL check looks at the first 8000 bytes).

@@ -26,7 +26,6 @@ what differs even when the sync state says the source is up to date.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import hashlib
 import os
 import time
@@ -38,12 +37,20 @@ from scopekb import fields as F
 from scopekb import filetypes
 from scopekb.blobs import BlobStore, blob_key
 from scopekb.chunking import TokenCounter, chunk_document, embedding_text
-from scopekb.documents import DOCUMENT_SUFFIXES, DocumentError, ObjectPrefix, to_text
+from scopekb.documents import (
+    DOCUMENT_SUFFIXES,
+    DocumentError,
+    FolderPrefix,
+    ObjectPrefix,
+    document_prefix,
+    to_text,
+)
 from scopekb.embedding import Embedder, EmbeddingCache, embed_with_cache
 from scopekb.embedding.limits import backoff_delay
 from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobState, Source, utcnow
+from scopekb.patterns import GITATTRIBUTES_LIMITS, usable_globs
 from scopekb.settings import Settings, git_cache_dir
 from scopekb.stores.base import BulkReport, ChunkStore
 from scopekb.stores.records import RecordStore
@@ -170,6 +177,8 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
     the same arguments converges to the same index (deterministic ids; unchanged files are not rewritten).
 
     Args:
+        branch_deleted: the delivery said the ref was deleted; acted on only when git confirms the ref is gone,
+            otherwise the sources are synced to the ref's current commit (a payload never decides an effect).
         verify: compare the index with the tree by content id and repair any difference, even for a source
             whose sync state is already at the ref (the reconcile's check); what it repaired is ``job.drift``.
         attempt: how many times the task already ran this job and failed transiently (``job.retries["task"]``).
@@ -197,9 +206,7 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
     t0 = time.monotonic()
     try:
         with _counting_embedding_retries(deps.embedder, job):
-            if branch_deleted:
-                _delete_branch(deps, job, sources)
-            else:
+            if not (branch_deleted and _delete_branch_if_gone(deps, job, sources)):
                 _sync(deps, job, sources, progress, verify)
     except Exception as e:  # recorded, then re-raised for the task's retry policy
         job.state = JobState.failed
@@ -250,6 +257,32 @@ def _counting_embedding_retries(embedder: Embedder | None, job: Job) -> Iterator
         embedder._sleep = sleep  # type: ignore[attr-defined]
 
 
+def _delete_branch_if_gone(deps: SyncDeps, job: Job, sources: list[Source]) -> bool:
+    """Act on a branch deletion only once git confirms it (issue 16): fetch the mirror (``--prune``) and delete the
+    sources' chunks only when their ref no longer resolves. Returns True when the chunks were deleted; False when
+    the ref still exists (a forged, unsigned or replayed deletion, or the branch was re-created since), in which
+    case the caller syncs to the ref's current commit instead — every effect is re-derived from git state, never
+    from the payload. Object-store sources have no branches: always False.
+
+    Raises:
+        scopekb.gitrepo.GitError: the repository cannot be fetched (nothing is deleted; the task retries).
+    """
+    reader = _reader(deps, sources[0])
+    if isinstance(reader, (ObjectPrefix, FolderPrefix)):
+        return False
+    try:
+        reader.fetch()
+        head = reader.resolve(sources[0].ref)
+    finally:
+        reader.close()
+    if head is not None:
+        log.warning("branch_deletion_not_confirmed", job_id=job.id, ref=job.ref, head=head,
+                    reason="the ref still exists in the repository; syncing to it instead")
+        return False
+    _delete_branch(deps, job, sources)
+    return True
+
+
 def _delete_branch(deps: SyncDeps, job: Job, sources: list[Source]) -> None:
     for src in sources:
         job.chunks_deleted += deps.chunks.delete_source(src.id)
@@ -257,10 +290,10 @@ def _delete_branch(deps: SyncDeps, job: Job, sources: list[Source]) -> None:
     log.info("branch_deleted", job_id=job.id, ref=job.ref, chunks_deleted=job.chunks_deleted)
 
 
-def _reader(deps: SyncDeps, src: Source) -> Mirror | ObjectPrefix:
+def _reader(deps: SyncDeps, src: Source) -> Mirror | ObjectPrefix | FolderPrefix:
     s = deps.settings
     if src.kind == "s3":
-        return ObjectPrefix(s.s3, src.bucket or s.s3.bucket, src.prefix or "")
+        return document_prefix(s, src.bucket, src.prefix or "")
     return Mirror(git_cache_dir(s), src.repo_url, allow_local=s.git.allow_local_paths, timeout_s=s.git.fetch_timeout_s)
 
 
@@ -268,7 +301,7 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
     reader = _reader(deps, sources[0])
     try:
         reader.fetch()
-        if isinstance(reader, ObjectPrefix):
+        if isinstance(reader, (ObjectPrefix, FolderPrefix)):
             tree = reader.tree()
             target = hashlib.sha1("\n".join(f"{p}\0{e.sha}" for p, e in sorted(tree.items())).encode()).hexdigest()
         else:
@@ -318,7 +351,7 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
             deps.records.put("state", sid, {**plan.state, "source_id": sid}, wait=False)
 
 
-def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix, src: Source, target: str,
+def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Source, target: str,
           tree: dict[str, TreeEntry], verify: bool = False) -> _Plan:
     state = deps.records.get("state", src.id) or {}
     writing = state.pop("writing", None)
@@ -374,11 +407,11 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix, src: Source, target: st
     return plan
 
 
-def _read_and_store(deps: SyncDeps, mirror: Mirror | ObjectPrefix, tree: dict[str, TreeEntry], paths: list[str],
-                    job: Job, progress: Progress | None) -> dict[str, _Prepared]:
+def _read_and_store(deps: SyncDeps, mirror: Mirror | ObjectPrefix | FolderPrefix, tree: dict[str, TreeEntry],
+                    paths: list[str], job: Job, progress: Progress | None) -> dict[str, _Prepared]:
     """Classify and read each path once; put text blobs in the blob store. Returns path → outcome."""
     s = deps.settings
-    documents = isinstance(mirror, ObjectPrefix)
+    documents = isinstance(mirror, (ObjectPrefix, FolderPrefix))
     vendored = frozenset() if documents else _vendored_paths(mirror, tree)
     out: dict[str, _Prepared] = {}
     stored: set[str] = set()
@@ -424,8 +457,12 @@ def _vendored_paths(mirror: Mirror, tree: dict[str, TreeEntry]) -> frozenset[str
     patterns = filetypes.parse_gitattributes_vendored(filetypes.decode_text(mirror.read_blob(ga.sha)))
     if not patterns:
         return frozenset()
-    return frozenset(p for p in tree for pat in patterns
-                     if fnmatch.fnmatchcase(p, pat.lstrip("/")) or fnmatch.fnmatchcase(p, pat.lstrip("/") + "/*"))
+    # The patterns are repository content (untrusted): compiled bounded (RE2), those over a limit are ignored.
+    globs, refused = usable_globs([g for pat in patterns for g in (pat.lstrip("/"), pat.lstrip("/") + "/*")],
+                                   GITATTRIBUTES_LIMITS)
+    if refused:
+        log.warning("gitattributes_patterns_ignored", count=len(refused), sample=refused[:3])
+    return frozenset(p for p in tree for g in globs if g.match(p))
 
 
 def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Prepared], commit: str,

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
+from scopekb.patterns import SOURCE_LIMITS, PatternRefused, compile_globs
+
 #: Agent names and context ids: printable, no whitespace at the ends, no control characters. Case-sensitive.
 _SCOPE_RE = re.compile(r"^[^\x00-\x1f\x7f\s](?:[^\x00-\x1f\x7f]{0,198}[^\x00-\x1f\x7f\s])?$")
 ZERO_SHA = "0" * 40
@@ -58,11 +60,24 @@ class SourceCreate(Scope):
     ref: str = Field(default="main", description="branch name (refs/heads/ prefix optional)")
     repo_name: str | None = Field(
         default=None, description="the host's full name, e.g. 'owner/repo'; also matches webhook payloads")
+    webhooks: bool = Field(
+        default=True, description="driven by push webhooks (needs a secret: one is generated when none is given and "
+                                  "shown once); false: deliveries for this source are refused, it is synced by the "
+                                  "CLI, the API and the reconcile only")
     webhook_secret: SecretStr | None = None
     webhook_secret_previous: SecretStr | None = Field(
         default=None, description="still accepted while a secret rotation is rolled out to the host")
     include: list[str] = Field(default_factory=list, description="globs; empty means everything")
     exclude: list[str] = Field(default_factory=list)
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _bounded_globs(cls, v: list[str], info: Any) -> list[str]:
+        try:
+            compile_globs(v, SOURCE_LIMITS, classes=True, what=info.field_name)
+        except PatternRefused as e:
+            raise ValueError(str(e)) from None
+        return v
 
     @field_validator("ref")
     @classmethod
@@ -102,7 +117,10 @@ class Source(SourceCreate):
         return Scope(agent_name=self.agent_name, context_id=self.context_id)
 
     def secrets(self) -> list[str]:
-        """Webhook secrets currently accepted (current first, then the previous one during a rotation)."""
+        """Webhook secrets currently accepted (current first, then the previous one during a rotation); empty for
+        a source that is not webhook-driven, so no delivery can ever verify against it."""
+        if not self.webhooks:
+            return []
         return [s.get_secret_value() for s in (self.webhook_secret, self.webhook_secret_previous) if s]
 
     def public(self) -> dict[str, Any]:
@@ -146,7 +164,9 @@ class SearchRequest(BaseModel):
     min_score: float = Field(default=0.0, ge=0.0, le=1.0)
     context_id: str | None = None
     cross_context: bool = False
-    file_patterns: list[str] = Field(default_factory=list, max_length=50)
+    file_patterns: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="path globs (* ** ? and **/); bounded by the query.max_pattern* settings (400 over a limit)")
     languages: list[str] = Field(default_factory=list, max_length=50)
     source_id: str | None = None
     repo: str | None = None
@@ -161,11 +181,18 @@ class SearchRequest(BaseModel):
             raise ValueError("query has more than 256 terms")
         return v
 
-    @field_validator("file_patterns", "languages")
+    @field_validator("languages")
     @classmethod
     def _short_items(cls, v: list[str]) -> list[str]:
         if any(len(x) > 300 for x in v):
             raise ValueError("each entry must be at most 300 characters")
+        return v
+
+    @field_validator("file_patterns")
+    @classmethod
+    def _pattern_ceiling(cls, v: list[str]) -> list[str]:
+        if any(len(x) > 1024 for x in v):  # the stores' ceiling; the configured limits give 400 in run_search
+            raise ValueError("each file pattern must be at most 1024 characters")
         return v
 
 

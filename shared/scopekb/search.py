@@ -12,6 +12,7 @@ from typing import Any
 from scopekb import fields as F
 from scopekb import scoring
 from scopekb.models import SearchHit, SearchMode, SearchRequest, SearchResponse
+from scopekb.patterns import PatternRefused, compile_globs
 from scopekb.render import render_text
 from scopekb.settings import QuerySettings
 from scopekb.stores.base import ChunkStore, RawHit, ScopeFilter, SearchFilter, StoreVersionMismatch
@@ -24,7 +25,8 @@ __all__ = ["QueryEmbedder", "SearchUnavailable", "render_text", "run_search"]
 
 
 class SearchUnavailable(ValueError):
-    """The requested mode cannot run here (e.g. vector search without an embedding model)."""
+    """The search cannot run as asked (HTTP 400): a mode that needs an embedding model on a keyword-only index, or
+    a ``file_patterns`` entry over a limit of ``query.*`` (the message names it)."""
 
 
 def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: QuerySettings,
@@ -35,9 +37,14 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     empty, successful response.
 
     Raises:
-        SearchUnavailable: ``vector``/``hybrid`` asked for while no embedder is configured.
+        SearchUnavailable: ``vector``/``hybrid`` asked for while no embedder is configured, or a file pattern over
+            a limit of ``cfg`` (:mod:`scopekb.patterns`).
     """
     t0 = time.perf_counter()
+    try:  # bounded patterns only (issue 16): refused here, before any store sees them
+        compile_globs(req.file_patterns, cfg.pattern_limits())
+    except PatternRefused as e:
+        raise SearchUnavailable(str(e)) from None
     size = min(req.max_results, cfg.max_results_cap)
     flt = SearchFilter(scope=scope, source_id=req.source_id, repo=req.repo, ref=req.ref,
                        languages=tuple(req.languages), file_patterns=tuple(req.file_patterns))

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from scopekb.patterns import PatternLimits
 
 
 def absolute_path(value: Path) -> Path:
@@ -53,14 +56,32 @@ class RedisSettings(BaseModel):
 
 
 class S3Settings(BaseModel):
-    """Object store holding blob contents between the git reader and the indexers."""
+    """Object store holding blob contents between the git reader and the indexers (distributed profile), and the
+    documents of object-store sources. No credentials are built in (issue 16): a client is only made when both
+    ``access_key`` and ``secret_key`` are set (:meth:`credentials`). The embedded profile keeps documents and
+    blobs in folders under ``data_dir`` unless S3 settings are given explicitly."""
 
     endpoint: str = "127.0.0.1:8333"
-    access_key: str = "scopekb"
-    secret_key: SecretStr = SecretStr("scopekb-secret")
+    access_key: str | None = None
+    secret_key: SecretStr | None = None
     secure: bool = False
     bucket: str = "scopekb"
     region: str | None = None
+
+    def credentials(self) -> tuple[str, str]:
+        """``(access_key, secret_key)`` for an S3 client.
+
+        Raises:
+            S3NotConfigured: either is unset or empty (the message names the settings to set).
+        """
+        if not self.access_key or self.secret_key is None or not self.secret_key.get_secret_value():
+            raise S3NotConfigured("S3 credentials are not set: set SCOPEKB_S3__ACCESS_KEY and SCOPEKB_S3__SECRET_KEY "
+                                  "(no built-in credentials are used)")
+        return self.access_key, self.secret_key.get_secret_value()
+
+
+class S3NotConfigured(ValueError):
+    """An S3 client was needed but the S3 settings give no credentials (a configuration error, not transient)."""
 
 
 class GitSettings(BaseModel):
@@ -149,6 +170,76 @@ class QuerySettings(BaseModel):
     vector_weight: float = 0.7
     #: Candidates fetched per list before fusion, as a multiple of the requested results.
     candidate_factor: int = 4
+    #: Bounds on a search's ``file_patterns`` (issue 16, :mod:`scopekb.patterns`); a request over one gets 400
+    #: naming it. Wildcards bound the OpenSearch automaton; each ``**/`` doubles the wildcard clauses.
+    max_patterns: int = 20
+    max_pattern_length: int = 256
+    max_pattern_wildcards: int = 10
+    max_pattern_globstars: int = 3
+
+    @model_validator(mode="after")
+    def _pattern_limits_within_ceiling(self) -> QuerySettings:
+        from scopekb.patterns import CEILING
+
+        for name, ceiling in (("max_patterns", CEILING.max_patterns), ("max_pattern_length", CEILING.max_length),
+                              ("max_pattern_wildcards", CEILING.max_wildcards),
+                              ("max_pattern_globstars", CEILING.max_globstars)):
+            if not 1 <= getattr(self, name) <= ceiling:
+                raise ValueError(f"query.{name} must be between 1 and {ceiling}")
+        return self
+
+    def pattern_limits(self) -> PatternLimits:
+        """These limits as :class:`scopekb.patterns.PatternLimits`."""
+        from scopekb.patterns import PatternLimits
+
+        return PatternLimits(max_length=self.max_pattern_length, max_wildcards=self.max_pattern_wildcards,
+                             max_globstars=self.max_pattern_globstars, max_patterns=self.max_patterns)
+
+
+class HttpSettings(BaseModel):
+    """HTTP hardening of the query service and the ingester (issue 16; docs/security.md lists every limit).
+
+    Bodies are capped per route while they stream in (413 without reading the rest); the webhook routes use
+    ``ingester.max_body_bytes``. Server timeouts and connection limits are passed to uvicorn by ``scopekb serve``
+    and ``scopekb up``.
+    """
+
+    #: Largest body of an API route (search, admin), in bytes.
+    max_body_bytes: int = 1024 * 1024
+    #: Largest document upload (``POST /v1/sources/{id}/documents``), in bytes.
+    max_document_bytes: int = 50 * 1024 * 1024
+    #: Deepest JSON nesting accepted in any body (webhook payloads nest about 6 levels, MCP about 8).
+    json_max_depth: int = 64
+    #: A request's whole body must arrive within this many seconds once the app reads it (408 otherwise).
+    body_timeout_s: float = 60.0
+    #: A connection must complete a request's headers within this many seconds of opening (or of its previous
+    #: response), or it is closed (slow-header clients).
+    header_timeout_s: float = 10.0
+    #: Idle keep-alive connections are closed after this many seconds (uvicorn ``timeout_keep_alive``).
+    keep_alive_timeout_s: int = 5
+    #: Concurrent connections plus tasks per process before new requests get 503 (uvicorn ``limit_concurrency``).
+    limit_concurrency: int = 256
+    #: Pending connections the listening socket queues (uvicorn ``backlog``).
+    backlog: int = 2048
+    #: Largest request head (request line and headers), in bytes (uvicorn ``h11_max_incomplete_event_size``).
+    max_header_bytes: int = 16 * 1024
+    #: Serve the interactive API page (``/docs``, assets from this process, never from the internet).
+    expose_docs: bool = True
+    #: Serve the OpenAPI document (``/openapi.json``).
+    expose_openapi: bool = True
+    #: Serve Prometheus metrics (``/metrics``); with ``metrics_token`` set, only to ``Bearer <metrics_token>``.
+    expose_metrics: bool = True
+    metrics_token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _positive(self) -> HttpSettings:
+        for name in ("max_body_bytes", "max_document_bytes", "json_max_depth", "limit_concurrency", "backlog",
+                     "max_header_bytes", "keep_alive_timeout_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"http.{name} must be >= 1")
+        if self.body_timeout_s <= 0 or self.header_timeout_s <= 0:
+            raise ValueError("http.body_timeout_s and http.header_timeout_s must be > 0")
+        return self
 
 
 class IngesterSettings(BaseModel):
@@ -275,6 +366,7 @@ class Settings(BaseSettings):
     chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
     query: QuerySettings = Field(default_factory=QuerySettings)
     ingester: IngesterSettings = Field(default_factory=IngesterSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
 

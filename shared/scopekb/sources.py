@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import secrets
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from scopekb.models import Source
+from pydantic import SecretStr
+
+from scopekb.models import Source, SourceCreate
 
 _SCP_RE = re.compile(r"^(?P<user>[A-Za-z0-9._-]+)@(?P<host>[A-Za-z0-9.-]+):(?P<path>[^:].*)$")
 
@@ -107,3 +110,34 @@ def matching_sources(sources: Iterable[Source], urls: Iterable[str | None],
     names = {n for n in full_names if n}
     return [s for s in sources
             if normalise_repo(s.repo_url) in keys or (s.repo_name is not None and s.repo_name in names)]
+
+
+def webhook_secret_for(body: SourceCreate) -> tuple[SecretStr | None, str | None]:
+    """The webhook secret a new source is stored with, and the secret to show once (issue 16).
+
+    A webhook-driven source always has a secret: the given one, or a fresh random one (256 bits, url-safe) that is
+    returned as the second value so the caller shows it exactly once (it is stored, never listed again). A source
+    registered with ``webhooks=False`` keeps no secret and refuses every delivery.
+    """
+    if not body.webhooks:
+        return None, None
+    if body.webhook_secret is not None and body.webhook_secret.get_secret_value():
+        return body.webhook_secret, None
+    fresh = secrets.token_urlsafe(32)
+    return SecretStr(fresh), fresh
+
+
+def delivery_targets(found: Iterable[Source],
+                     verify: Callable[[list[str]], bool]) -> tuple[list[Source], int | None]:
+    """The sources a webhook delivery may act on, or the HTTP status refusing it (issue 16, item 1).
+
+    Only webhook-driven sources with a secret that verifies the delivery (``verify(secrets)``, constant-time) take
+    part; a source without a secret never does (an unsigned delivery changes nothing). Returns ``(targets, None)``
+    when at least one source verified, ``([], 401)`` when some source could have verified but none did, and
+    ``([], 404)`` when no matching source takes deliveries at all (the same answer as an unknown repository).
+    """
+    signed = [s for s in found if s.secrets()]
+    if not signed:
+        return [], 404
+    targets = [s for s in signed if verify(s.secrets())]
+    return (targets, None) if targets else ([], 401)

@@ -206,9 +206,32 @@ def test_branch_deletion_removes_every_bound_scope(deps: SyncDeps, tmp_path: Pat
     s1, s2 = add_source(deps, r, "agent-1"), add_source(deps, r, "agent-2")
     job = sync(deps, s1, s2)
     assert job["files_seen"] == 1 and paths(deps, s1) == paths(deps, s2) == {"a.py"}
+    sh(r.path, "checkout", "-q", "-b", "other")
+    sh(r.path, "branch", "-q", "-D", "main")  # git confirms the deletion: the chunks go
     sync(deps, s1, s2, branch_deleted=True)
     assert paths(deps, s1) == paths(deps, s2) == set()
     assert deps.records.indexed_commit(s1.id) is None
+
+
+def test_branch_deletion_not_confirmed_by_git_changes_nothing_but_a_sync(deps: SyncDeps, tmp_path: Path) -> None:
+    """Issue 16 (items 1-2): a deletion delivery (forged, unsigned or a replay of a once-valid one) whose ref still
+    exists deletes nothing; the sources are synced to the ref's current commit instead."""
+    r = Repo(tmp_path / "r")
+    r.write("a.py", "a = 1\n")
+    r.commit()
+    s1, s2 = add_source(deps, r, "agent-1"), add_source(deps, r, "agent-2")
+    sync(deps, s1, s2)
+    r.write("b.py", "b = 2\n")
+    head = r.commit()
+    job = sync(deps, s1, s2, branch_deleted=True)
+    assert job["chunks_deleted"] == 0 and job["to_commit"] == head and job["state"] == "done"
+    assert paths(deps, s1) == paths(deps, s2) == {"a.py", "b.py"}
+    assert deps.records.indexed_commit(s1.id) == head
+    # The same replay once the branch really is gone: now git confirms it.
+    sh(r.path, "checkout", "-q", "-b", "other")
+    sh(r.path, "branch", "-q", "-D", "main")
+    sync(deps, s1, s2, branch_deleted=True)
+    assert paths(deps, s1) == paths(deps, s2) == set()
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["add", "modify", "delete", "rename", "mode", "symlink", "binary",

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from scopekb import fields as F
+from scopekb.patterns import compile_glob
 from scopekb.stores import sqlite as S
 from scopekb.stores.base import ScopeFilter, SearchFilter, StoreVersionMismatch
-from scopekb.stores.sqlite import SqliteChunkStore, SqliteRecordStore, glob_regex, index_tokens, query_tokens
+from scopekb.stores.sqlite import SqliteChunkStore, SqliteRecordStore, index_tokens, query_tokens
 
 DIM = 4
 
@@ -76,9 +77,10 @@ def test_query_tokens_keep_identifiers_whole() -> None:
     ("a[1].py", ["a[1].py"], ["a1.py"]),  # brackets are literal, as in an OpenSearch wildcard
     ("**", ["anything/at/all"], []),
 ])
-def test_glob_regex(glob: str, yes: list[str], no: list[str]) -> None:
-    assert all(glob_regex(glob).fullmatch(p) for p in yes), glob
-    assert not any(glob_regex(glob).fullmatch(p) for p in no), glob
+def test_glob_matching(glob: str, yes: list[str], no: list[str]) -> None:
+    g = compile_glob(glob)
+    assert all(g.match(p) for p in yes), glob
+    assert not any(g.match(p) for p in no), glob
 
 
 # ---------------------------------------------------------------------------------------------- lifecycle

@@ -7,7 +7,6 @@ Every read is filtered by a :class:`ScopeFilter`; there is no unscoped search me
 from __future__ import annotations
 
 import random
-import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -17,6 +16,7 @@ from opensearchpy.exceptions import NotFoundError, RequestError, TransportError
 
 from scopekb import fields as F
 from scopekb.logging import get_logger
+from scopekb.patterns import CEILING, compile_globs
 from scopekb.settings import OpenSearchSettings
 from scopekb.stores.base import BulkReport, RawHit, ScopeFilter, SearchFilter, StoreVersionMismatch
 
@@ -69,26 +69,11 @@ def filter_clauses(flt: SearchFilter) -> list[dict[str, Any]]:
     if flt.languages:
         out.append({"terms": {F.LANGUAGE: list(flt.languages)}})
     if flt.file_patterns:
-        out.append({"bool": {"should": [{"wildcard": {F.PATH: {"value": w}}}
-                                        for p in flt.file_patterns for w in _glob_to_wildcards(p)],
+        # Bounded globs (scopekb.patterns): at most 2**max_globstars wildcard values each, few wildcards per value.
+        globs = compile_globs(flt.file_patterns, CEILING)
+        out.append({"bool": {"should": [{"wildcard": {F.PATH: {"value": w}}} for g in globs for w in g.wildcards],
                              "minimum_should_match": 1}})
     return out
-
-
-def _glob_to_wildcards(glob: str) -> list[str]:
-    """OpenSearch wildcard patterns that together match what the path glob matches.
-
-    ``*`` matches across ``/`` in OpenSearch, so ``**/`` expands to "no folder" or "any folders" (``*/``), and a
-    pattern without ``/`` matches the file name in any folder (``setup.py`` → ``setup.py`` or ``*/setup.py``).
-    """
-    parts = glob.split("**/")
-    alts = [parts[0]]
-    for part in parts[1:]:
-        alts = [a + sep + part for a in alts for sep in ("", "*/")]
-    alts = [re.sub(r"\*{2,}", "*", a) for a in alts]  # runs of * match what one * matches, and cost less
-    if "/" not in glob:
-        alts = [w for a in alts for w in (a, "*/" + a)]
-    return list(dict.fromkeys(alts))
 
 
 class OpenSearchChunkStore:

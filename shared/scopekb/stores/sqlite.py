@@ -35,6 +35,7 @@ import numpy as np
 
 from scopekb import fields as F
 from scopekb.logging import get_logger
+from scopekb.patterns import CEILING, PatternRefused, compile_glob
 from scopekb.stores.base import BulkReport, RawHit, SearchFilter, StoreVersionMismatch
 from scopekb.stores.records import RecordStore
 
@@ -45,7 +46,6 @@ __all__ = [
     "SqliteChunkStore",
     "SqliteRecordStore",
     "SqliteVersionMismatch",
-    "glob_regex",
     "index_tokens",
     "query_tokens",
 ]
@@ -174,38 +174,15 @@ def _fts_text(text: Any) -> str:
 # ---- path globs -----------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=1024)
-def glob_regex(glob: str) -> re.Pattern[str]:
-    """Compile a ``file_patterns`` glob (:class:`scopekb.stores.base.SearchFilter`) to a full-match regex.
-
-    ``*`` and ``**`` match any characters including ``/``; ``**/`` also matches no folder at all
-    (``src/**/*.py`` matches ``src/a.py``); ``?`` matches one character; a pattern without ``/`` matches the file
-    name in any folder (``setup.py`` matches ``setup.py`` and ``pkg/setup.py`` but not ``mysetup.py``).
-    Matching is case-sensitive, like OpenSearch's ``wildcard`` query on a keyword.
-    """
-    out: list[str] = []
-    i = 0
-    while i < len(glob):
-        if glob.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif glob.startswith("**", i) or glob[i] == "*":
-            out.append(".*")
-            i += 2 if glob.startswith("**", i) else 1
-        elif glob[i] == "?":
-            out.append(".")
-            i += 1
-        else:
-            out.append(re.escape(glob[i]))
-            i += 1
-    body = "".join(out)
-    if "/" not in glob:
-        body = "(?:.*/)?" + body
-    return re.compile(body, re.DOTALL)
-
-
 def _glob_match(path: str | None, glob: str) -> int:
-    return 1 if path is not None and glob_regex(glob).fullmatch(path) else 0
+    """SQL function ``scopekb_glob(path, glob)``: RE2 full match of a bounded glob (:mod:`scopekb.patterns`; a glob
+    over the stores' ceiling matches nothing — requests are refused earlier, with 400, by :func:`run_search`)."""
+    if path is None:
+        return 0
+    try:
+        return 1 if compile_glob(glob, CEILING).match(path) else 0
+    except PatternRefused:
+        return 0
 
 
 # ---- connections ------------------------------------------------------------------------------------------------

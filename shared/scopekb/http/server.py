@@ -1,0 +1,65 @@
+"""How scopekb's HTTP processes are served (issue 16, item 7): uvicorn with read/idle timeouts and connection limits.
+
+uvicorn closes idle keep-alive connections (``timeout_keep_alive``) but waits forever for a request's headers: a
+client that opens a connection and sends a header byte now and then holds it open indefinitely.
+:class:`HeaderTimeoutH11Protocol` closes a connection that has not completed a request's headers within
+``http.header_timeout_s`` of opening (or of its previous response). Slow bodies are bounded by
+:class:`scopekb.http.middleware.RequestLimitsMiddleware` (408).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from scopekb.settings import HttpSettings, get_settings
+
+#: uvicorn's ``http`` option naming the protocol class (a string, so it survives uvicorn's worker processes).
+PROTOCOL = "scopekb.http.server:HeaderTimeoutH11Protocol"
+
+
+class HeaderTimeoutH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a bound on the time a connection may take to send a request's headers.
+
+    The bound is ``header_timeout_s`` when set on a subclass, else ``http.header_timeout_s`` of the settings.
+    """
+
+    header_timeout_s: float | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        old = getattr(self, "_header_timer", None)
+        if old is not None:
+            old.cancel()
+        timeout = self.header_timeout_s if self.header_timeout_s is not None else get_settings().http.header_timeout_s
+        self._cycle_at_arm = self.cycle
+        self._header_timer = self.loop.call_later(timeout, self._header_timeout)
+
+    def _header_timeout(self) -> None:
+        """No new request started since the timer was armed: the headers are late (or the connection idles)."""
+        if self.cycle is self._cycle_at_arm and not self.transport.is_closing():
+            self.transport.close()
+
+
+def uvicorn_options(http: HttpSettings | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``uvicorn.run`` / ``uvicorn.Config`` applying ``http`` (default: the settings'):
+    the header-timeout protocol, keep-alive timeout, concurrency limit, backlog and request-head size cap."""
+    http = http or get_settings().http
+    return {"http": PROTOCOL, "timeout_keep_alive": http.keep_alive_timeout_s,
+            "limit_concurrency": http.limit_concurrency, "backlog": http.backlog,
+            "h11_max_incomplete_event_size": http.max_header_bytes}
