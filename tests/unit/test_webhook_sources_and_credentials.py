@@ -15,6 +15,16 @@ from scopekb.models import Source, SourceCreate
 from scopekb.settings import S3NotConfigured, S3Settings, Settings
 from scopekb.sources import delivery_targets, webhook_secret_for
 
+@pytest.fixture(autouse=True)
+def _no_scopekb_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings built here see only what the test gives (scripts/services env exports S3 settings)."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("SCOPEKB_"):
+            monkeypatch.delenv(name)
+
+
 BASE = {"agent_name": "a", "context_id": "c", "repo_url": "https://example.com/o/r.git"}
 
 
