@@ -231,9 +231,13 @@ def test_validation_errors_are_422_with_field_and_reason(stack: Stack, keys: dic
     assert reason.lower() in match[0]["msg"].lower(), match[0]
 
 
-def test_vector_mode_without_embeddings_is_400_not_500(stack: Stack, keys: dict[str, str]) -> None:
-    r = _post(stack, f"Bearer {keys['one']}", {"query": "x", "mode": "vector"})
-    assert r.status_code in (200, 400), r.text
+@pytest.mark.parametrize("mode", ["vector", "hybrid"])
+def test_vector_mode_without_embeddings_is_400_not_500(stack: Stack, keys: dict[str, str], mode: str) -> None:
+    """The e2e stack indexes keyword-only (no embedding provider): a mode that needs vectors is the caller's
+    error, answered 400 with the reason, never a silent keyword answer (200) nor a 5xx."""
+    r = _post(stack, f"Bearer {keys['one']}", {"query": "x", "mode": mode})
+    assert r.status_code == 400, r.text
+    assert "keyword-only" in r.json()["detail"], r.text
 
 
 def test_empty_result_is_a_success_in_both_formats(stack: Stack, keys: dict[str, str]) -> None:
