@@ -171,7 +171,7 @@ def s3_config(_service_endpoints: dict) -> dict:
 def opensearch_client(opensearch_url: str):
     from opensearchpy import OpenSearch
 
-    client = OpenSearch(hosts=[opensearch_url], timeout=60)
+    client = OpenSearch(hosts=opensearch_url.split(","), timeout=60)  # a cluster: every node, comma-separated
     error = _first_error(lambda: client.cluster.health(wait_for_status="yellow", request_timeout=40))
     if error:
         pytest.fail(f"OpenSearch at {opensearch_url} is not usable ({error}): {HOW_TO_START}", pytrace=False)

@@ -231,7 +231,8 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
 
 
 def _count(job: Job, kind: str, n: int = 1) -> None:
-    job.retries[kind] = job.retries.get(kind, 0) + n
+    if n:
+        job.retries[kind] = job.retries.get(kind, 0) + n
 
 
 @contextlib.contextmanager
@@ -585,13 +586,15 @@ def _test_crash_paths() -> frozenset[str]:
 
 def _bulk_write(deps: SyncDeps, job: Job, docs: list[dict[str, Any]]) -> BulkReport:
     """``bulk_write`` that re-sends items OpenSearch did not take for a transient reason (unreachable, 429,
-    502-504) with jittered exponential backoff, counted in ``job.retries["bulk_items"]``.
+    502-504) with jittered exponential backoff, counted in ``job.retries["bulk_items"]`` together with the 429
+    items the store re-sent within one ``bulk_write`` (:attr:`BulkReport.retried`).
 
     Raises:
         StoreUnavailable: items still not taken after ``BULK_RETRY_ROUNDS`` rounds.
     """
     report = deps.chunks.bulk_write(docs)
     written, errors = report.written, list(report.errors)
+    _count(job, "bulk_items", report.retried)  # 429 items the store re-sent itself
     for rounds in range(BULK_RETRY_ROUNDS + 1):
         transient = {doc_id for doc_id, _, reason in errors
                      if reason.split(":", 1)[0].strip() in _TRANSIENT_BULK_STATUSES}
@@ -606,6 +609,7 @@ def _bulk_write(deps: SyncDeps, job: Job, docs: list[dict[str, Any]]) -> BulkRep
         time.sleep(delay)
         _count(job, "bulk_items", len(transient))
         again = deps.chunks.bulk_write([d for d in docs if d["_id"] in transient])
+        _count(job, "bulk_items", again.retried)
         written += again.written
         errors = [e for e in errors if e[0] not in transient] + list(again.errors)
     return BulkReport(written=written, errors=errors)

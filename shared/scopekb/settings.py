@@ -32,8 +32,16 @@ AbsPath = Annotated[Path, AfterValidator(absolute_path)]
 
 
 class OpenSearchSettings(BaseModel):
-    """Where the chunk index and the system indices live."""
+    """Where the chunk index and the system indices live, and how the chunk index is split and copied.
 
+    Sizing (docs/deploy.md has the table measured on a 3-node cluster): ``shards`` defaults to
+    ``ceil(expected_chunks / chunks_per_shard)``; a shard of ``chunks_per_shard`` chunks is a few GB on disk,
+    inside OpenSearch's advice of 10-50 GB per shard with room to grow. ``replicas`` is 0 for one node; on a
+    cluster set 1 (every shard then survives the loss of one data node). The cluster must have at least
+    ``replicas + 1`` data nodes to place every copy: ``scopekb init`` checks it.
+    """
+
+    #: One URL or several, comma-separated (every node of a cluster, so the client survives losing one).
     url: str = "http://127.0.0.1:9200"
     username: str | None = None
     password: SecretStr | None = None
@@ -45,8 +53,27 @@ class OpenSearchSettings(BaseModel):
     timeout_s: float = 30.0
     #: Bulk request body size target in bytes (DESIGN §4.7: "a few MiB").
     bulk_max_bytes: int = 4 * 1024 * 1024
+    #: Replica copies of each chunk index shard (0: one node; 1 on a cluster of 2 or more data nodes).
     replicas: int = 0
+    #: Primary shards of a new chunk index; default ``ceil(expected_chunks / chunks_per_shard)``.
     shards: int = 1
+    #: Chunks the index is expected to hold (all sources, all refs), used to size ``shards``.
+    expected_chunks: int = 1_000_000
+    #: Chunks per primary shard (measured: see docs/deploy.md, "Sizing").
+    chunks_per_shard: int = 4_000_000
+
+    @model_validator(mode="after")
+    def _size_shards(self) -> OpenSearchSettings:
+        if self.replicas < 0 or self.shards < 1 or self.expected_chunks < 0 or self.chunks_per_shard < 1:
+            raise ValueError("opensearch.replicas must be >= 0, opensearch.shards and opensearch.chunks_per_shard "
+                             ">= 1, opensearch.expected_chunks >= 0")
+        if "shards" not in self.model_fields_set:
+            self.shards = max(1, -(-self.expected_chunks // self.chunks_per_shard))
+        return self
+
+    def hosts(self) -> list[str]:
+        """The node URLs of ``url`` (comma-separated), blanks dropped."""
+        return [u.strip() for u in self.url.split(",") if u.strip()]
 
 
 class RedisSettings(BaseModel):

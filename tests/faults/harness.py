@@ -197,7 +197,7 @@ class Stack:
         self.alias = self.env["SCOPEKB_OPENSEARCH__ALIAS"]
         self.prefix = self.env["SCOPEKB_OPENSEARCH__SYSTEM_PREFIX"]
         self.queue = self.env["SCOPEKB_WORKER__QUEUE"]
-        self.os = OpenSearch(hosts=[self.services.opensearch_url], timeout=30)
+        self.os = OpenSearch(hosts=self.services.opensearch_urls, timeout=30)
 
     # ---- processes -----------------------------------------------------------------------------------------
 

@@ -42,15 +42,19 @@ def _port_free(port: int) -> bool:
         return c.connect_ex((HOST, port)) != 0
 
 
-def pick_ports(n: int) -> list[int]:
-    """``n`` distinct free ports in 20000-29999 whose +10000 neighbour is free too (SeaweedFS gRPC ports)."""
+def pick_ports(n: int, span: int = 1) -> list[int]:
+    """``n`` free ports in 20000-29999, each with its +10000 neighbour free too (SeaweedFS gRPC ports) and, with
+    ``span`` > 1, the ``span - 1`` ports after it (the nodes of an OpenSearch cluster: port + i)."""
     rng = random.Random()
     out: list[int] = []
+    taken: set[int] = set()
     while len(out) < n:
-        p = rng.randrange(20000, 30000)
-        if p in out or p + 10000 in out or not _port_free(p) or not _port_free(p + 10000):
+        p = rng.randrange(20000, 30000 - span)
+        block = {q for i in range(span) for q in (p + i, p + i + 10000)}
+        if block & taken or not all(_port_free(q) for q in block):
             continue
         out.append(p)
+        taken |= block
     return out
 
 
@@ -65,7 +69,7 @@ def shared_cache() -> Path:
 class PrivateServices:
     """One private instance of ``scripts/services`` in ``state`` on randomly chosen free ports."""
 
-    def __init__(self, state: Path, java_opts: str = "-Xms512m -Xmx1g") -> None:
+    def __init__(self, state: Path, java_opts: str = "-Xms512m -Xmx1g", opensearch_nodes: int = 1) -> None:
         self.state = state
         self.state.mkdir(parents=True, exist_ok=True)
         link = self.state / "cache"
@@ -75,11 +79,13 @@ class PrivateServices:
         if ports_file.exists():
             self.ports = {k: int(v) for k, v in json.loads(ports_file.read_text()).items()}
         else:
-            self.ports = dict(zip(_PORT_VARS, pick_ports(len(_PORT_VARS)), strict=True))
+            self.ports = dict(zip(_PORT_VARS, pick_ports(len(_PORT_VARS), span=opensearch_nodes), strict=True))
             ports_file.write_text(json.dumps(self.ports))
         self.script_env = {k: v for k, v in os.environ.items() if not k.startswith("SCOPEKB_SERVICES_")}
         self.script_env.update({"SCOPEKB_SERVICES_DIR": str(self.state), "SCOPEKB_OPENSEARCH_JAVA_OPTS": java_opts})
         self.script_env.update({f"SCOPEKB_SERVICES_{k}": str(v) for k, v in self.ports.items()})
+        self.nodes = opensearch_nodes
+        self.script_env["SCOPEKB_SERVICES_OPENSEARCH_NODES"] = str(opensearch_nodes)
 
     # ---- addresses ---------------------------------------------------------------------------------------
 
@@ -90,6 +96,24 @@ class PrivateServices:
     @property
     def opensearch_url(self) -> str:
         return f"http://{HOST}:{self.ports['OPENSEARCH_PORT']}"
+
+    @property
+    def opensearch_urls(self) -> list[str]:
+        """Every node's URL (one for a single node)."""
+        return [f"http://{HOST}:{self.ports['OPENSEARCH_PORT'] + i}" for i in range(self.nodes)]
+
+    def node_url(self, i: int) -> str:
+        return f"http://{HOST}:{self.ports['OPENSEARCH_PORT'] + i}"
+
+    @staticmethod
+    def node_service(i: int) -> str:
+        """The ``scripts/services`` name of node ``i`` of a cluster (``up``/``down`` one node)."""
+        return f"opensearch-{i}"
+
+    @staticmethod
+    def node_pid_name(i: int) -> str:
+        """The pid file name of node ``i`` (node 0 keeps the single-node name)."""
+        return "opensearch" if i == 0 else f"opensearch-{i}"
 
     def client_env(self) -> dict[str, str]:
         """``SCOPEKB_*`` settings of scopekb processes talking to this instance (``scripts/services env``)."""

@@ -14,6 +14,11 @@ class StoreVersionMismatch(RuntimeError):
     """The live index was built for another mapping version or embedding dimension than this process's."""
 
 
+class IndexPlacementError(RuntimeError):
+    """The cluster cannot place the chunk index's shard copies (too few data nodes for the replicas asked for,
+    or shards it holds are unassigned); the message says which numbers and what to change."""
+
+
 @dataclass(frozen=True)
 class ScopeFilter:
     """The scope a read may see: one agent and either some of its contexts or all of them.
@@ -44,10 +49,12 @@ class SearchFilter:
 
 @dataclass
 class BulkReport:
-    """Outcome of a bulk write: ``written`` documents and per-item ``errors`` as (doc id, path, reason)."""
+    """Outcome of a bulk write: ``written`` documents, per-item ``errors`` as (doc id, path, reason), and
+    ``retried``: item re-sends the store made itself (OpenSearch answered 429 for them), summed over rounds."""
 
     written: int = 0
     errors: list[tuple[str, str, str]] = field(default_factory=list)
+    retried: int = 0
 
 
 #: A search hit from a store: (document id, raw score, stored fields without the vector).
@@ -60,6 +67,8 @@ class ChunkStore(Protocol):
     dimension: int | None
 
     def ensure_index(self) -> str: ...
+
+    def check_placement(self) -> dict[str, Any]: ...
 
     def bulk_write(self, docs: Iterable[dict[str, Any]], refresh: bool = False) -> BulkReport: ...
 

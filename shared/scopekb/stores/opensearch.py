@@ -18,7 +18,14 @@ from scopekb import fields as F
 from scopekb.logging import get_logger
 from scopekb.patterns import CEILING, compile_globs
 from scopekb.settings import OpenSearchSettings
-from scopekb.stores.base import BulkReport, RawHit, ScopeFilter, SearchFilter, StoreVersionMismatch
+from scopekb.stores.base import (
+    BulkReport,
+    IndexPlacementError,
+    RawHit,
+    ScopeFilter,
+    SearchFilter,
+    StoreVersionMismatch,
+)
 
 log = get_logger(__name__)
 
@@ -32,15 +39,51 @@ def make_client(cfg: OpenSearchSettings, interactive: bool = False) -> OpenSearc
 
     ``interactive`` (the query service): at most 10 s per request and no retry on timeout, so a frozen cluster
     gives callers a quick 503 instead of a hang of ``timeout × retries``; workers keep patient retries.
+    ``cfg.url`` may name several nodes (comma-separated): requests go round-robin and a node that refuses the
+    connection is marked dead and the request retried on another (opensearch-py's connection pool).
     """
     auth = None
     if cfg.username:
         auth = (cfg.username, cfg.password.get_secret_value() if cfg.password else "")
     if interactive:
-        return OpenSearch(hosts=[cfg.url], http_auth=auth, verify_certs=cfg.verify_certs,
+        return OpenSearch(hosts=cfg.hosts(), http_auth=auth, verify_certs=cfg.verify_certs,
                           timeout=min(cfg.timeout_s, 10.0), max_retries=1, retry_on_timeout=False)
-    return OpenSearch(hosts=[cfg.url], http_auth=auth, verify_certs=cfg.verify_certs, timeout=cfg.timeout_s,
+    return OpenSearch(hosts=cfg.hosts(), http_auth=auth, verify_certs=cfg.verify_certs, timeout=cfg.timeout_s,
                       max_retries=3, retry_on_timeout=True, http_compress=False)
+
+
+#: Searches never answer from part of the shards: with a shard that has no live copy (a red index) OpenSearch
+#: fails the search (503, ``search_phase_execution_exception``) instead of returning fewer hits as if complete.
+#: A copy lost mid-search is first retried on the shard's other copies, so replicas keep searches whole.
+_WHOLE_RESULTS = {"allow_partial_search_results": "false"}
+
+
+def cluster_problem(client: OpenSearch, index: str | None = None, timeout_s: float = 2.0) -> str | None:
+    """Why the cluster cannot serve now, in one line, or None when it can (green or yellow).
+
+    Asks the node the client reaches for its *local* view of ``_cluster/health`` (``local=true``), which answers
+    at once even when no cluster manager is elected (the plain call then waits and fails with
+    ``cluster_manager_not_discovered_exception``). ``index`` narrows the status to that index (an alias works).
+    Examples: ``"cluster red: no elected cluster manager (a majority of cluster-manager nodes is unreachable)"``,
+    ``"cluster red: 2 primary shard(s) unassigned"``, ``"unreachable: ConnectionError"``.
+    """
+    try:
+        health = client.cluster.health(index=index, params={"local": "true", "request_timeout": timeout_s})
+    except NotFoundError:
+        return None  # the index does not exist yet: nothing is unavailable
+    except TransportError as e:
+        return f"unreachable: {type(e).__name__}" if not isinstance(e.status_code, int) else \
+            f"health check failed: {e.status_code} {e.error}"
+    except Exception as e:  # noqa: BLE001 - any other client failure (timeouts) is reported by its type
+        return f"unreachable: {type(e).__name__}"
+    status = str(health.get("status"))
+    if not health.get("discovered_cluster_manager", health.get("discovered_master", True)):
+        return (f"cluster {status}: no elected cluster manager (a majority of cluster-manager nodes is "
+                "unreachable)")
+    if status == "red":
+        unassigned = int(health.get("unassigned_shards", 0))
+        return f"cluster red: {unassigned} shard copies unassigned, a primary among them"
+    return None
 
 
 def _jittered(delay: float) -> float:
@@ -108,7 +151,9 @@ class OpenSearchChunkStore:
         """Create the versioned index with its mapping in one call and point the alias at it, idempotently.
 
         Returns the concrete index name. Raises :class:`IndexVersionMismatch` when the alias already points at an
-        index of another mapping version or dimension (a reindex is needed, not a silent switch).
+        index of another mapping version or dimension (a reindex is needed, not a silent switch), and
+        :class:`IndexPlacementError` before creating an index whose replicas the cluster has too few data nodes
+        for (an existing index is used as it is: a node lost for a while must not stop the services).
         """
         current = self.live_index()
         if current is not None:
@@ -120,6 +165,7 @@ class OpenSearchChunkStore:
                     f"version {F.MAPPING_VERSION} and dimension {self.dimension}. Run `scopekb reindex`.")
             return current
         name = self.version_name
+        self._check_data_nodes(self.replicas)
         body = {"settings": F.chunk_index_settings(self.shards, self.replicas, knn=bool(self.dimension)),
                 "mappings": F.chunk_mapping(self.dimension)}
         try:
@@ -135,6 +181,55 @@ class OpenSearchChunkStore:
             if self.live_index() != name:
                 raise
         return name
+
+    def _check_data_nodes(self, replicas: int) -> int:
+        """The cluster's data node count; raises :class:`IndexPlacementError` when ``replicas + 1`` copies of a
+        shard cannot each go to a different data node (OpenSearch never puts two copies on one node)."""
+        health = self.client.cluster.health(params={"request_timeout": 10})
+        nodes = int(health.get("number_of_data_nodes", 0))
+        if replicas + 1 > nodes:
+            raise IndexPlacementError(
+                f"the chunk index asks for {replicas} replica(s), so {replicas + 1} copies of each shard on "
+                f"different data nodes, but the cluster has {nodes} data node(s); set SCOPEKB_OPENSEARCH__REPLICAS "
+                f"to at most {max(nodes - 1, 0)} or add data nodes")
+        return nodes
+
+    def check_placement(self) -> dict[str, Any]:
+        """Check that the cluster can place every copy of the chunk index (``scopekb init``, a deploy hook).
+
+        Returns ``{"index", "status", "data_nodes", "shards", "replicas", "unassigned_shards"}`` (``index`` None
+        when not created yet: then the configured shards/replicas are checked).
+
+        Raises:
+            IndexPlacementError: fewer data nodes than ``replicas + 1``; or the index is red (a primary shard
+                unassigned), with OpenSearch's allocation explanation.
+        """
+        current = self.live_index()
+        if current is None:
+            nodes = self._check_data_nodes(self.replicas)
+            return {"index": None, "status": "absent", "data_nodes": nodes, "shards": self.shards,
+                    "replicas": self.replicas, "unassigned_shards": 0}
+        index_settings = self.client.indices.get_settings(index=current)[current]["settings"]["index"]
+        replicas = int(index_settings.get("number_of_replicas", 0))
+        shards = int(index_settings.get("number_of_shards", 1))
+        nodes = self._check_data_nodes(replicas)
+        health = self.client.cluster.health(index=current, params={"request_timeout": 10})
+        status = str(health.get("status"))
+        if status == "red":
+            raise IndexPlacementError(
+                f"index {current!r} is red: {health.get('unassigned_shards')} shard copies unassigned, a primary "
+                f"among them ({self._allocation_reason()}); searches and syncs of its chunks fail until it is "
+                "assigned")
+        return {"index": current, "status": status, "data_nodes": nodes, "shards": shards, "replicas": replicas,
+                "unassigned_shards": int(health.get("unassigned_shards", 0))}
+
+    def _allocation_reason(self) -> str:
+        """OpenSearch's explanation of the first unassigned shard, in one line (best effort)."""
+        try:
+            res = self.client.cluster.allocation_explain(params={"request_timeout": 10})
+        except TransportError as e:
+            return f"no explanation: {e.error}"
+        return str(res.get("allocate_explanation") or res.get("unassigned_info", {}).get("reason") or "unknown")
 
     def live_index(self) -> str | None:
         """The index the alias points at, or None when the alias does not exist."""
@@ -154,8 +249,9 @@ class OpenSearchChunkStore:
     def bulk_write(self, docs: Iterable[dict[str, Any]], refresh: bool = False) -> BulkReport:
         """Index chunk documents (each with ``_id``) in bulk requests of about ``bulk_max_bytes``.
 
-        Per-item errors are inspected: 429 items are retried with backoff (up to 5 attempts); any other error
-        (e.g. a mapping error) is returned against the document's path, never dropped silently.
+        Per-item errors are inspected: 429 items are retried with backoff (up to 5 attempts, counted in
+        ``BulkReport.retried``); any other error (e.g. a mapping error) is returned against the document's path,
+        never dropped silently.
         """
         report = BulkReport()
         pending = [d for d in docs]
@@ -185,6 +281,8 @@ class OpenSearchChunkStore:
                 report.errors.append((doc_id, str(by_id.get(doc_id, {}).get(F.PATH, "?")), f"{status}: {reason}"))
             pending = retry
             if pending:
+                report.retried += len(pending)
+                log.warning("bulk_item_429_retry", items=len(pending), attempt=attempt + 1)
                 attempt += 1
                 time.sleep(_jittered(min(8.0, 0.25 * 2**attempt)))
         if refresh:
@@ -318,7 +416,7 @@ class OpenSearchChunkStore:
             "_source": {"excludes": [F.EMBEDDING]},
         }
         try:
-            res = self.client.search(index=self.alias, body=body)
+            res = self.client.search(index=self.alias, body=body, params=_WHOLE_RESULTS)
         except NotFoundError:
             return []
         return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]
@@ -334,7 +432,7 @@ class OpenSearchChunkStore:
             "method_parameters": {"ef_search": max(100, k)}}}},
             "_source": {"excludes": [F.EMBEDDING]}}
         try:
-            res = self.client.search(index=self.alias, body=body)
+            res = self.client.search(index=self.alias, body=body, params=_WHOLE_RESULTS)
         except NotFoundError:
             return []
         except RequestError as e:

@@ -109,7 +109,9 @@ class OpenSearchRecordStore(RecordStore):
             return
         props: dict[str, Any] = {f: {"type": "keyword"} for f in _KEYWORD_FIELDS[kind]}
         props.update({f: {"type": "date"} for f in _DATE_FIELDS})
-        body = {"settings": {"index": {"number_of_shards": 1, "number_of_replicas": 0}},
+        # One replica whenever the cluster has a second node, none on a single node: sources, jobs, sync state and
+        # keys must survive the loss of a node (searches look keys up here).
+        body = {"settings": {"index": {"number_of_shards": 1, "auto_expand_replicas": "0-1"}},
                 "mappings": {"dynamic": False, "properties": props}}
         try:
             self.client.indices.create(index=self.index_name(kind), body=body)

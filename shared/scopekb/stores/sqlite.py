@@ -333,6 +333,10 @@ class SqliteChunkStore:
         kind = f"{self.dimension}-{tag}" if self.dimension else "kw"
         return f"sqlite:{self.path}#chunks-s{SCHEMA_VERSION}-{kind}"
 
+    def check_placement(self) -> dict[str, Any]:
+        """One SQLite file holds everything: nothing to place (the same call as OpenSearch's for ``init``)."""
+        return {"store": "sqlite", "status": "green"}
+
     def ensure_index(self) -> str:
         """Create the tables idempotently and record schema version, dimension and model on first use.
 

@@ -1,0 +1,122 @@
+"""A data node of a 3-node OpenSearch cluster is SIGKILLed during a large sync while agents search.
+
+The chunk index has 3 primary shards and 1 replica, so every shard has a copy on two of the three nodes. A node
+that is not the elected cluster manager and holds a primary is killed (a crash: nothing flushed) while the
+worker is writing and a searcher keeps asking. The survivors promote the replicas of the lost primaries;
+searches must keep answering 200 throughout (every non-200 is counted and reported), the sync must finish (or
+be redelivered) and the index must then equal a fresh full index of the commit. The node is started again and
+the cluster must come back to green.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+from .harness import Stack, generate_repo, wait_until
+
+QUERY = {"query": "compute value registry", "context_id": "main"}
+
+
+class Searcher(threading.Thread):
+    """Searches through the query service in a loop until stopped; records (seconds since start, status,
+    latency in s, hit count) per request."""
+
+    def __init__(self, stack: Stack, key: str, pause_s: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.client = httpx.Client(base_url=stack.query_url, headers={"Authorization": f"Bearer {key}"},
+                                   timeout=30)
+        self.pause_s = pause_s
+        self.results: list[tuple[float, int, float, int]] = []
+        self.halt = threading.Event()
+        self.t0 = time.monotonic()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            t = time.monotonic()
+            try:
+                r = self.client.post("/v1/search", json=QUERY)
+                hits = len(r.json().get("hits", [])) if r.status_code == 200 else 0
+                status = r.status_code
+            except httpx.HTTPError:
+                status, hits = -1, 0
+            self.results.append((round(t - self.t0, 2), status, time.monotonic() - t, hits))
+            self.halt.wait(self.pause_s)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=60)
+        self.client.close()
+
+    def summary(self, since: float = 0.0) -> dict[str, object]:
+        rows = [r for r in self.results if r[0] >= since]
+        latencies = sorted(r[2] for r in rows)
+        p95 = latencies[int(0.95 * (len(latencies) - 1))] if latencies else 0.0
+        bad = [(t, s) for t, s, _, _ in rows if s != 200]
+        return {"searches": len(rows), "non_200": len(bad), "non_200_at": bad[:10],
+                "p50_ms": round(1000 * latencies[len(latencies) // 2], 1) if latencies else 0,
+                "p95_ms": round(1000 * p95, 1), "max_ms": round(1000 * latencies[-1], 1) if latencies else 0}
+
+
+def node_to_kill(stack: Stack, index: str) -> tuple[int, str]:
+    """A node that is not the elected cluster manager and holds a primary shard of ``index``: (i, name)."""
+    manager = stack.os.cat.cluster_manager(params={"format": "json"})[0]["node"]
+    shards = stack.os.cat.shards(index=index, params={"format": "json"})
+    primaries = sorted({s["node"] for s in shards if s["prirep"] == "p" and s["node"] and s["node"] != manager})
+    name = primaries[0]
+    return int(name.rsplit("-", 1)[1]), name
+
+
+def test_data_node_sigkill_during_sync_and_searches(make_cluster_stack, private_cluster, tmp_path, report) -> None:
+    stack = make_cluster_stack("nodeloss", SCOPEKB_OPENSEARCH__SHARDS="3", SCOPEKB_OPENSEARCH__REPLICAS="1",
+                               SCOPEKB_WORKER__BATCH_FILES="40", SCOPEKB_OPENSEARCH__BULK_MAX_BYTES="131072")
+    repo = tmp_path / "repo"
+    commit = generate_repo(repo, files=400)
+    stack.start_query()
+    worker = stack.start_worker()
+    src = stack.add_source(repo, agent="nodeloss-agent")
+    key = stack.agent_key("nodeloss-agent")
+    index = stack.os.indices.get_alias(name=stack.alias).popitem()[0]
+    stack.os.cluster.health(index=index, wait_for_status="green", params={"timeout": "60s", "request_timeout": 70})
+
+    searcher = Searcher(stack, key)
+    searcher.start()
+    job_id = stack.sync(src)
+    at_kill = wait_until(lambda: (n := stack.count(src)) > 1000 and n, timeout=180, interval=0.05,
+                         what="sync writing")
+    i, name = node_to_kill(stack, index)
+    killed_pid = private_cluster.kill(private_cluster.node_pid_name(i))
+    killed_at = time.monotonic()
+    survivor = stack.os  # its connection pool marks the dead node and retries on the others
+
+    def primaries_active() -> dict | None:
+        h = survivor.cluster.health(index=index, params={"request_timeout": 10})
+        return h if h["status"] in ("yellow", "green") and h["active_primary_shards"] == 3 and \
+            h["number_of_nodes"] == 2 else None
+
+    health = wait_until(primaries_active, timeout=120, interval=0.2, what="primaries promoted on the survivors")
+    promoted_s = round(time.monotonic() - killed_at, 1)
+    report("injected", fault=f"SIGKILL of data node {name} (not the cluster manager, holds a primary)",
+           pid=killed_pid, commit=commit[:10], chunks_at_kill=at_kill, primaries_active_after_s=promoted_s,
+           health_after=(health["status"], health["number_of_nodes"], health["unassigned_shards"]))
+
+    job = stack.wait_job(job_id, timeout=300, procs=[worker])
+    job_done_s = round(time.monotonic() - killed_at, 1)
+    during = searcher.summary()
+    restart_s = private_cluster.up(private_cluster.node_service(i))
+    green = survivor.cluster.health(wait_for_status="green", params={"timeout": "120s", "request_timeout": 130})
+    green_s = round(time.monotonic() - killed_at, 1)
+    searcher.stop()
+    after = searcher.summary()
+    expected, _ = stack.fresh(repo)
+    comparison = stack.compare(src, expected)
+    report("checked", job_state=job["state"], job_retries=job["retries"], job_done_after_kill_s=job_done_s,
+           searches_until_job_done=during, searches_total=after, node_restart_s=round(restart_s, 1),
+           cluster=(green["status"], green["number_of_nodes"]), green_after_kill_s=green_s,
+           comparison=comparison.summary())
+    assert job["state"] == "done", job
+    assert after["non_200"] == 0, after
+    assert green["status"] == "green" and green["number_of_nodes"] == 3
+    assert comparison.equal and comparison.duplicates == 0, comparison.summary()
