@@ -3,13 +3,19 @@
 Pure functions over headers and raw bytes (no I/O), written from each provider's documented formats:
 
 - GitHub: ``X-GitHub-Event``, ``X-GitHub-Delivery``, ``X-Hub-Signature-256: sha256=<hex HMAC-SHA256>``; JSON or
-  form-encoded (``payload=``) bodies; events ``push`` and ``ping``.
+  form-encoded (``payload=``) bodies; events ``push`` and ``ping`` (sent when a hook is created; an organisation
+  hook's ping has an ``organization`` and no ``repository``).
 - GitLab: ``X-Gitlab-Event`` (``Push Hook`` / ``Tag Push Hook``), ``X-Gitlab-Event-UUID``, ``X-Gitlab-Token`` (the
   shared secret itself, compared in constant time).
 - Gitea / Forgejo: ``X-Gitea-Event`` / ``X-Forgejo-Event``, ``X-Gitea-Delivery`` / ``X-Forgejo-Delivery``,
   ``X-Gitea-Signature`` / ``X-Forgejo-Signature`` (bare hex HMAC-SHA256); GitHub-shaped push payloads.
 - Bitbucket Cloud: ``X-Event-Key: repo:push``, ``X-Request-UUID``, ``X-Hub-Signature: sha256=<hex>``; one push
-  carries a ``push.changes`` list, one entry per updated ref.
+  carries a ``push.changes`` list, one entry per updated ref; ``diagnostics:ping`` tests a hook.
+
+Every other event a hook may be set to send (pull requests, issues, releases, GitLab ``Issue Hook``, Bitbucket
+``pullrequest:created``...) parses as ``ignored`` with a reason, and each host's test event (GitHub/Gitea
+``ping``, GitLab ``Test Hook``, Bitbucket ``diagnostics:ping``) as ``ping``, so the host shows the hook healthy;
+only malformed bodies raise :class:`BadRequest`.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from scopekb.models import ZERO_SHA
+from scopekb.render import one_line
 
 
 class BadRequest(ValueError):
@@ -55,13 +63,26 @@ class Repository:
     full_name: str | None
 
 
+NO_REPOSITORY = Repository((), None)
+
+
 @dataclass(frozen=True)
 class Parsed:
-    """A decoded delivery: ``kind`` is ``push``, ``ping`` or ``ignored`` (an event we acknowledge and skip)."""
+    """A decoded delivery: ``kind`` is ``push``, ``ping`` or ``ignored`` (an event we acknowledge and skip).
+
+    Attributes:
+        repository: the payload's repository (:data:`NO_REPOSITORY` for organisation- or group-level events).
+        reason: why an ``ignored`` event is not acted on (safe to return).
+        hook: for a ``ping``, the hook as the payload names it (``Repository hook 109948940``), validated.
+        owner: the organisation, group or workspace the event belongs to, when the payload names one.
+    """
 
     kind: str
     repository: Repository
     pushes: tuple[PushEvent, ...] = ()
+    reason: str | None = None
+    hook: str | None = None
+    owner: str | None = None
 
 
 def hmac_hex(secret: str, body: bytes) -> str:
@@ -152,13 +173,62 @@ def _obj(data: Mapping[str, Any], key: str) -> dict[str, Any]:
     return v
 
 
-def github_repository(data: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
-    """Clone URLs and ``full_name`` of a GitHub-shaped payload's repository.
+def _opt_obj(data: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    """``data[key]`` when it is an object, None when absent or null; another type is malformed."""
+    v = data.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise BadRequest(f"payload's {key} must be an object")
+    return v
+
+
+#: Names, logins and hook types echoed back must look like one (letters, digits, ``._-/``; bounded length).
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+
+
+def _name(v: Any) -> str | None:
+    return v if isinstance(v, str) and _NAME_RE.match(v) else None
+
+
+def _unused(host: str, event: str, acted_on: str) -> str:
+    """The reason an event is acknowledged and skipped; the event name is bounded and shown escaped."""
+    return f"{host} event '{one_line(event, 60)}' is not used: scopekb syncs on {acted_on}"
+
+
+def _github_owner(data: Mapping[str, Any], repo: Mapping[str, Any] | None) -> str | None:
+    org = data.get("organization")
+    if isinstance(org, dict) and _name(org.get("login")):
+        return org["login"]
+    owner = repo.get("owner") if repo else None
+    if isinstance(owner, dict):
+        return _name(owner.get("login")) or _name(owner.get("username"))
+    return None
+
+
+def _hook_name(data: Mapping[str, Any]) -> str | None:
+    """``<type> hook <id>`` from a GitHub-shaped ping (``hook_id``, ``hook.type``), from validated values only."""
+    hook = data.get("hook") if isinstance(data.get("hook"), dict) else {}
+    hid = data.get("hook_id", hook.get("id"))
+    if isinstance(hid, bool) or not isinstance(hid, int):
+        hid = None
+    kind = hook.get("type") if isinstance(hook.get("type"), str) and re.fullmatch(r"[A-Za-z]{1,30}",
+                                                                                  hook["type"]) else None
+    if hid is None and kind is None:
+        return None
+    return " ".join(x for x in (kind, "hook", None if hid is None else str(hid)) if x)
+
+
+def github_repository(data: dict[str, Any], required: bool = True) -> tuple[tuple[str, ...], str | None]:
+    """Clone URLs and ``full_name`` of a GitHub-shaped payload's repository (none when not ``required`` and the
+    payload has no repository, as an organisation hook's events).
 
     Raises:
-        BadRequest: no ``repository`` object.
+        BadRequest: no ``repository`` object where one is required, or one that is not an object.
     """
-    repo = _obj(data, "repository")
+    repo = _obj(data, "repository") if required else _opt_obj(data, "repository")
+    if repo is None:
+        return (), None
     name = repo.get("full_name") if isinstance(repo.get("full_name"), str) else None
     return _strs(repo, "clone_url", "ssh_url", "html_url", "git_url", "url"), name
 
@@ -174,41 +244,64 @@ def parse_github_push(data: dict[str, Any]) -> PushEvent:
 
 
 def parse_github(event: str, data: dict[str, Any]) -> Parsed:
-    """GitHub (and Gitea/Forgejo, same payload shape) ``push`` / ``ping``; other events are 400."""
-    urls, name = github_repository(data)
+    """GitHub (and Gitea/Forgejo, same payload shape): ``push``; ``ping`` naming its hook; every other event
+    ``ignored`` with a reason (Gitea's ``create``/``delete`` come next to the push, which is enough).
+
+    Raises:
+        BadRequest: a push without a well-formed repository, ref or commit ids; a repository that is not an
+            object.
+    """
+    urls, name = github_repository(data, required=event == "push")
     repo = Repository(urls, name)
+    owner = _github_owner(data, _opt_obj(data, "repository"))
     if event == "ping":
-        return Parsed("ping", repo)
+        return Parsed("ping", repo, hook=_hook_name(data), owner=owner)
     if event == "push":
-        return Parsed("push", repo, (parse_github_push(data),))
-    if event in ("create", "delete"):  # Gitea also sends these next to the push; the push is enough
-        return Parsed("ignored", repo)
-    raise BadRequest(f"unsupported event {event!r}")
+        return Parsed("push", repo, (parse_github_push(data),), owner=owner)
+    return Parsed("ignored", repo, reason=_unused("the", event, "push events"), owner=owner)
+
+
+#: GitLab events carrying a push (``X-Gitlab-Event``); a ``System Hook`` is a push when its ``event_name`` is.
+GITLAB_PUSH_EVENTS = ("Push Hook", "Tag Push Hook")
+GITLAB_TEST_EVENTS = ("Test Hook",)
 
 
 def parse_gitlab(event: str, data: dict[str, Any]) -> Parsed:
-    """GitLab ``Push Hook`` and ``Tag Push Hook``; other events are 400."""
+    """GitLab ``Push Hook``, ``Tag Push Hook`` and push/tag_push ``System Hook``; ``Test Hook`` as a ping; every
+    other event (``Issue Hook``, ``Merge Request Hook``, group hooks without a project...) ``ignored``.
+
+    Raises:
+        BadRequest: a push without a project/repository object, ref or commit ids.
+    """
     project = data.get("project") if isinstance(data.get("project"), dict) else {}
     repository = data.get("repository") if isinstance(data.get("repository"), dict) else {}
-    if not project and not repository:
-        raise BadRequest("payload has no project or repository object")
     urls = _strs(project, "git_http_url", "git_ssh_url", "web_url", "http_url", "ssh_url") + \
         _strs(repository, "git_http_url", "git_ssh_url", "homepage", "url")
     name = project.get("path_with_namespace") if isinstance(project.get("path_with_namespace"), str) else None
     repo = Repository(urls, name)
-    if event not in ("Push Hook", "Tag Push Hook", "System Hook"):
-        raise BadRequest(f"unsupported event {event!r}")
+    owner = (_name(project.get("namespace")) or _name(data.get("group_path")) or _name(data.get("full_path"))
+             or (name.rsplit("/", 1)[0] if name and "/" in name else None))
+    is_push = event in GITLAB_PUSH_EVENTS or (event == "System Hook" and data.get("event_name") in
+                                              ("push", "tag_push"))
+    if event in GITLAB_TEST_EVENTS:
+        return Parsed("ping", repo, owner=owner)
+    if not is_push:
+        return Parsed("ignored", repo, reason=_unused("GitLab", event, "Push Hook and Tag Push Hook events"),
+                      owner=owner)
+    if not project and not repository:
+        raise BadRequest("payload has no project or repository object")
     return Parsed("push", repo, (PushEvent(ref=_ref(data.get("ref")), before=_sha(data.get("before"), "before"),
-                                           after=_sha(data.get("after"), "after")),))
+                                           after=_sha(data.get("after"), "after")),), owner=owner)
 
 
 def parse_bitbucket(event: str, data: dict[str, Any]) -> Parsed:
-    """Bitbucket Cloud ``repo:push``: one :class:`PushEvent` per entry of ``push.changes``.
+    """Bitbucket Cloud ``repo:push``: one :class:`PushEvent` per entry of ``push.changes``; ``diagnostics:ping``
+    as a ping; every other event ``ignored`` with a reason.
 
     A branch deletion has ``new: null``; a creation ``old: null``. Bitbucket sends short or full hashes; full
     40-hex hashes are required here (Bitbucket Cloud's ``target.hash`` is the full id).
     """
-    repo_obj = _obj(data, "repository")
+    repo_obj = _obj(data, "repository") if event == "repo:push" else (_opt_obj(data, "repository") or {})
     links = repo_obj.get("links") if isinstance(repo_obj.get("links"), dict) else {}
     urls: list[str] = []
     html = links.get("html") if isinstance(links, dict) else None
@@ -219,10 +312,12 @@ def parse_bitbucket(event: str, data: dict[str, Any]) -> Parsed:
             urls.append(c["href"])
     name = repo_obj.get("full_name") if isinstance(repo_obj.get("full_name"), str) else None
     repo = Repository(tuple(urls), name)
-    if event == "diagnostics:ping":
-        return Parsed("ping", repo)
+    workspace = data.get("workspace") if isinstance(data.get("workspace"), dict) else {}
+    owner = _name(workspace.get("slug")) or (name.split("/", 1)[0] if name and "/" in name else None)
+    if event == "diagnostics:ping":  # Bitbucket Cloud's and Bitbucket Server's "test connection"
+        return Parsed("ping", repo, owner=owner)
     if event != "repo:push":
-        raise BadRequest(f"unsupported event {event!r}")
+        return Parsed("ignored", repo, reason=_unused("Bitbucket", event, "repo:push events"), owner=owner)
     push = _obj(data, "push")
     changes = push.get("changes")
     if not isinstance(changes, list):
@@ -245,7 +340,7 @@ def parse_bitbucket(event: str, data: dict[str, Any]) -> Parsed:
 
         out.append(PushEvent(ref=prefix + ref_of["name"], before=target(old, "old.target.hash"),
                              after=target(new, "new.target.hash")))
-    return Parsed("push", repo, tuple(out))
+    return Parsed("push", repo, tuple(out), owner=owner)
 
 
 @dataclass(frozen=True)

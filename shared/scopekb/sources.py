@@ -141,3 +141,19 @@ def delivery_targets(found: Iterable[Source],
         return [], 404
     targets = [s for s in signed if verify(s.secrets())]
     return (targets, None) if targets else ([], 401)
+
+
+def sources_of_owner(sources: Iterable[Source], owner: str | None) -> list[Source]:
+    """Sources whose repository belongs to ``owner``, an organisation, group (``parent/sub``) or workspace named
+    by an event that has no repository (a GitHub organisation hook's ``ping``, a GitLab group hook): the path of
+    the registered clone URL or ``repo_name`` starts with ``owner/``, compared without case (hosts treat owner
+    names case-insensitively). An empty ``owner`` matches nothing."""
+    if not owner:
+        return []
+    prefix = owner.strip("/").lower() + "/"
+
+    def url_path(url: str) -> str:  # "host/Org/Repo" -> "org/repo"; local paths have no owner
+        return "" if url.startswith("/") else normalise_repo(url).split("/", 1)[-1].lower()
+
+    return [s for s in sources
+            if url_path(s.repo_url).startswith(prefix) or (s.repo_name or "").lower().startswith(prefix)]

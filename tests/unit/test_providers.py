@@ -52,9 +52,11 @@ def test_gitlab_tag_push_and_unknown_events() -> None:
     data["ref"] = "refs/tags/v1.0"
     (push,) = PROVIDERS["gitlab"].parse("Tag Push Hook", data).pushes
     assert push.branch is None
-    for name, event in [("gitlab", "Issue Hook"), ("github", "issues"), ("bitbucket", "pullrequest:created")]:
-        with pytest.raises(BadRequest):
-            PROVIDERS[name].parse(event, data)
+    for name, event in [("gitlab", "Issue Hook"), ("github", "issues"), ("bitbucket", "pullrequest:created"),
+                        ("gitea", "release"), ("github", "x\x00\u2028" * 50)]:
+        parsed = PROVIDERS[name].parse(event, data)
+        assert parsed.kind == "ignored" and "is not used" in (parsed.reason or ""), parsed
+        assert parsed.reason.isprintable() and len(parsed.reason) < 300
 
 
 @pytest.mark.parametrize("name", PROVS)
