@@ -18,7 +18,7 @@ from minio import Minio
 from minio.error import S3Error
 
 from scopekb.gitrepo import TreeEntry
-from scopekb.settings import S3Settings, Settings, is_embedded
+from scopekb.settings import S3Settings, Settings
 
 #: Object names indexed from an object-store source (others are listed and skipped as ``unsupported``).
 DOCUMENT_SUFFIXES = (".md", ".markdown", ".txt", ".rst", ".html", ".htm", ".pdf", ".adoc", ".csv", ".json",
@@ -216,14 +216,15 @@ class FolderPrefix:
         """Nothing to close."""
 
 
-def document_prefix(settings: Settings, bucket: str | None, prefix: str) -> ObjectPrefix | FolderPrefix:
-    """Where an object-store source's documents live: S3 in the distributed profile (or when S3 settings are
-    given explicitly), otherwise the embedded profile's folder ``<data_dir>/documents``.
+def document_prefix(settings: Settings, bucket: str | None, prefix: str,
+                    local_root: Path | None = None) -> ObjectPrefix | FolderPrefix:
+    """Where an object-store source's documents live: the folder ``local_root`` when given (the embedded
+    runtime's ``<data_dir>/documents``), otherwise S3 with the settings' credentials.
 
     Raises:
         scopekb.settings.S3NotConfigured: S3 is to be used but no credentials are set.
     """
     bucket = bucket or settings.s3.bucket
-    if is_embedded(settings) and "s3" not in settings.model_fields_set:
-        return FolderPrefix(Path(settings.data_dir) / "documents", bucket, prefix)
+    if local_root is not None:
+        return FolderPrefix(local_root, bucket, prefix)
     return ObjectPrefix(settings.s3, bucket, prefix)

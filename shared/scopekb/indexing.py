@@ -31,11 +31,12 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from scopekb import fields as F
 from scopekb import filetypes
-from scopekb.blobs import BlobStore, blob_key
+from scopekb.blobs import BlobStore, LocalBlobStore, blob_key
 from scopekb.chunking import TokenCounter, chunk_document, embedding_text
 from scopekb.documents import (
     DOCUMENT_SUFFIXES,
@@ -134,6 +135,14 @@ class SyncDeps:
     #: Crash-survivable attempt counts per file, used once a job was redelivered after its process died (None: not
     #: tracked, e.g. the embedded profile's one process).
     attempts: FileAttempts | None = None
+    #: Folder of object-store sources' documents (the embedded profile); None: S3. When not given, a runtime
+    #: whose blobs are a local folder (embedded) and that was given no S3 settings keeps documents next to them.
+    documents_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.documents_dir is None and isinstance(self.blobs, LocalBlobStore)
+                and "s3" not in self.settings.model_fields_set):
+            self.documents_dir = self.blobs.root.parent / "documents"
 
 
 @dataclass
@@ -294,7 +303,7 @@ def _delete_branch(deps: SyncDeps, job: Job, sources: list[Source]) -> None:
 def _reader(deps: SyncDeps, src: Source) -> Mirror | ObjectPrefix | FolderPrefix:
     s = deps.settings
     if src.kind == "s3":
-        return document_prefix(s, src.bucket, src.prefix or "")
+        return document_prefix(s, src.bucket, src.prefix or "", deps.documents_dir)
     return Mirror(git_cache_dir(s), src.repo_url, allow_local=s.git.allow_local_paths, timeout_s=s.git.fetch_timeout_s)
 
 

@@ -15,6 +15,7 @@ from scopekb.models import Source, SourceCreate
 from scopekb.settings import S3NotConfigured, S3Settings, Settings
 from scopekb.sources import delivery_targets, webhook_secret_for
 
+
 @pytest.fixture(autouse=True)
 def _no_scopekb_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Settings built here see only what the test gives (scripts/services env exports S3 settings)."""
@@ -65,8 +66,14 @@ def test_no_built_in_s3_credentials_in_any_profile() -> None:
 
 
 def test_embedded_profile_keeps_documents_in_its_folder(tmp_path: Path) -> None:
+    from scopekb.blobs import LocalBlobStore
+    from scopekb.indexing import SyncDeps
+
     s = Settings(profile="embedded", data_dir=tmp_path)
-    store = document_prefix(s, None, "agents/a/docs")
+    deps = SyncDeps(settings=s, records=None, chunks=None,  # type: ignore[arg-type]
+                    blobs=LocalBlobStore(tmp_path / "blobs"))
+    assert deps.documents_dir == tmp_path / "documents"
+    store = document_prefix(s, None, "agents/a/docs", deps.documents_dir)
     assert isinstance(store, FolderPrefix)
     key = store.put("runbooks/restart.md", b"# Restart\n")
     assert key == "agents/a/docs/runbooks/restart.md"
@@ -77,15 +84,21 @@ def test_embedded_profile_keeps_documents_in_its_folder(tmp_path: Path) -> None:
     # symlinks are never followed, traversal is refused
     (tmp_path / "outside.md").write_text("secret")
     (tmp_path / "documents/scopekb/agents/a/docs/link.md").symlink_to(tmp_path / "outside.md")
-    assert list(document_prefix(s, None, "agents/a/docs").tree()) == ["runbooks/restart.md"]
+    assert list(document_prefix(s, None, "agents/a/docs", deps.documents_dir).tree()) == ["runbooks/restart.md"]
     for bad in ("../x.md", "a/../../x.md", "", "a//b"):
         with pytest.raises(ValueError):
             store.put(bad, b"x")
 
 
 def test_s3_documents_only_with_explicit_settings(tmp_path: Path) -> None:
+    from scopekb.blobs import LocalBlobStore
+    from scopekb.indexing import SyncDeps
+
     explicit = Settings(profile="embedded", data_dir=tmp_path,
                         s3={"endpoint": "127.0.0.1:1", "access_key": "k", "secret_key": "s"})
-    assert isinstance(document_prefix(explicit, "b", "p"), ObjectPrefix)
+    deps = SyncDeps(settings=explicit, records=None, chunks=None,  # type: ignore[arg-type]
+                    blobs=LocalBlobStore(tmp_path / "blobs"))
+    assert deps.documents_dir is None
+    assert isinstance(document_prefix(explicit, "b", "p", deps.documents_dir), ObjectPrefix)
     with pytest.raises(S3NotConfigured):
         document_prefix(Settings(profile="distributed", data_dir=tmp_path), "b", "p")
