@@ -266,3 +266,65 @@ def test_uvicorn_options_carry_the_settings() -> None:
     opts = uvicorn_options(HttpSettings(limit_concurrency=7, keep_alive_timeout_s=3, max_header_bytes=8192))
     assert opts == {"http": PROTOCOL, "timeout_keep_alive": 3, "limit_concurrency": 7, "backlog": 2048,
                     "h11_max_incomplete_event_size": 8192}
+
+
+# ---- exposure by setting: /docs with local assets, /openapi.json, /metrics ------------------------------------
+
+
+def exposed_app(**http: Any) -> TestClient:
+    from scopekb.http.exposure import fastapi_options, harden
+    from scopekb.settings import HttpSettings
+
+    cfg = HttpSettings(**http)
+    app = FastAPI(title="t", **fastapi_options(cfg))
+
+    @app.get("/x")
+    def x() -> dict[str, int]:
+        return {"x": 1}
+
+    harden(app, cfg, title="t")
+    return TestClient(app)
+
+
+def test_docs_page_loads_nothing_from_the_internet() -> None:
+    import base64
+    import hashlib
+    import re
+
+    c = exposed_app()
+    page = c.get("/docs")
+    assert page.status_code == 200
+    html = page.text
+    assert not re.search(r"(?:src|href)=[\"']?(?:https?:)?//", html), "an asset from another origin"
+    assets = re.findall(r"(?:src|href)=\"(/[^\"]+)\"", html)
+    assert len(assets) == 3
+    for a in assets:
+        assert c.get(a).status_code == 200, a
+    csp = page.headers["content-security-policy"]
+    inline = re.findall(r"<script>(.*?)</script>", html, re.S)
+    assert inline and all("'sha256-" + base64.b64encode(hashlib.sha256(s.encode()).digest()).decode() + "'" in csp
+                          for s in inline)
+    assert "frame-ancestors 'none'" in csp and "https:" not in csp and "unsafe-eval" not in csp
+    assert c.get("/openapi.json").json()["info"]["title"] == "t"
+    assert c.get("/redoc").status_code == 404
+
+
+def test_docs_and_openapi_off_by_setting() -> None:
+    c = exposed_app(expose_docs=False)
+    assert c.get("/docs").status_code == 404 and c.get("/openapi.json").status_code == 200
+    c = exposed_app(expose_openapi=False)  # the page needs the document: both off
+    assert c.get("/docs").status_code == 404 and c.get("/openapi.json").status_code == 404
+    assert c.get("/docs/static/swagger-ui.css").status_code == 404
+
+
+def test_metrics_refusal_rules() -> None:
+    from pydantic import SecretStr
+
+    from scopekb.http.exposure import metrics_refusal
+    from scopekb.settings import HttpSettings
+
+    assert metrics_refusal(HttpSettings(), None) is None
+    assert metrics_refusal(HttpSettings(expose_metrics=False), "Bearer x") == (404, "Not Found")
+    tok = HttpSettings(metrics_token=SecretStr("m"))
+    assert metrics_refusal(tok, None)[0] == 401 and metrics_refusal(tok, "Bearer n")[0] == 401
+    assert metrics_refusal(tok, "Bearer m") is None
