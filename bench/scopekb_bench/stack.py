@@ -120,11 +120,12 @@ class Stack:
     def _wait_worker(self, deadline: float) -> None:
         """Send the ping task on this stack's queue and wait for the worker's answer."""
         from scopekb import queue
+        from scopekb.runtime import celery_app
         from scopekb.settings import RedisSettings, Settings, WorkerSettings
 
         settings = Settings(redis=RedisSettings(url=self.env["SCOPEKB_REDIS__URL"]),
                             worker=WorkerSettings(queue=self.env["SCOPEKB_WORKER__QUEUE"]))
-        app = queue.make_celery(settings, name="scopekb-bench")
+        app = celery_app(settings, name="scopekb-bench")
         task_id = f"{self.env['SCOPEKB_WORKER__QUEUE']}-ping"
         res = app.send_task(queue.TASK_PING, task_id=task_id, kwargs={"value": "bench"})
         while time.monotonic() < deadline:

@@ -15,13 +15,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from scopekb.auth import ApiKey, new_key
+from scopekb import ops
+from scopekb.errors import NotFound
 from scopekb.logging import configure_logging
-from scopekb.models import SearchMode, SearchRequest, Source, SourceCreate, utcnow
+from scopekb.models import KeyCreate, SearchMode, SearchRequest, Source, SourceCreate
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.search import SearchUnavailable, run_search
-from scopekb.settings import get_settings, is_embedded
-from scopekb.sources import validate_repo_url
+from scopekb.settings import get_settings
 from scopekb.stores.base import ScopeFilter
 
 app = typer.Typer(help="scopekb: push-driven, scoped code and document search for AI agents.",
@@ -54,14 +54,7 @@ class CliError(Exception):
 def _rt() -> Runtime:
     s = get_settings()
     configure_logging("console" if s.log_format == "auto" else s.log_format, "WARNING")
-    return build_runtime(s)
-
-
-def _bump_sources() -> None:
-    from scopekb import queue
-    from scopekb.runtime import redis_client
-
-    queue.bump_sources_version(redis_client(get_settings()))
+    return build_runtime(s, name="scopekb-cli")
 
 
 @app.command()
@@ -89,17 +82,15 @@ def up(host: str = "127.0.0.1", port: int = 8000) -> None:
 
     import uvicorn
 
+    from scopekb.runtime import build_control_runtime, require_embedded
+
     s = get_settings()
-    if not is_embedded(s):
-        raise CliError("`scopekb up` runs the embedded profile: unset the SCOPEKB_OPENSEARCH/REDIS/S3 settings or "
-                       "set SCOPEKB_PROFILE=embedded (use `scopekb serve` and `scopekb worker` with services)")
-    from scopekb_ingester.app import create_app as ingester_app
+    require_embedded(s)
+    from scopekb_ingester.app import attach as attach_webhooks
     from scopekb_query.app import create_app as query_app
     from scopekb_worker.app import app as celery_app
 
-    api = query_app(s)
-    api.router.routes.extend(r for r in ingester_app(s).router.routes if getattr(r, "path", "").startswith(
-        "/webhooks"))
+    api = attach_webhooks(query_app(s), build_control_runtime(s))  # one process: the same embedded runtime
     server = uvicorn.Server(uvicorn.Config(api, host=host, port=port, log_level="warning", access_log=False))
     threading.Thread(target=server.run, name="http", daemon=True).start()
     err.print(f"scopekb up (embedded, data in {s.data_dir}): http://{host}:{port}  — /v1/search, /mcp, "
@@ -154,16 +145,15 @@ def reindex_cmd(wait_s: Annotated[int, typer.Option(help="seconds to wait for ru
     """
     import time as _time
 
-    from scopekb.reindex import REINDEX_LOCK_KEY, reindex
-    from scopekb.runtime import redis_client
+    from scopekb.coordination.keys import REINDEX_LOCK
+    from scopekb.reindex import reindex
 
     rt = _rt()
-    rds = redis_client(get_settings())
-    if not rds.set(REINDEX_LOCK_KEY, "1", nx=True, ex=6 * 3600):
-        raise CliError("a reindex is already running (Redis key scopekb:lock:reindex)")
+    if not rt.coord.begin_reindex(ttl_s=6 * 3600):
+        raise CliError(f"a reindex is already running (Redis key {REINDEX_LOCK})")
     try:
         deadline = _time.monotonic() + wait_s
-        while any(True for _ in rds.scan_iter("scopekb:lock:repo:*", count=100)):
+        while rt.coord.any_repo_locked():
             if _time.monotonic() > deadline:
                 raise CliError(f"syncs still running after {wait_s}s; try again later")
             _time.sleep(1)
@@ -172,7 +162,7 @@ def reindex_cmd(wait_s: Annotated[int, typer.Option(help="seconds to wait for ru
             rep = reindex(rt.chunks, rt.embedder, rt.embed_cache, get_settings().chunking, rt.counter,
                           progress=lambda n: bar.update(task, completed=n))
     finally:
-        rds.delete(REINDEX_LOCK_KEY)
+        rt.coord.end_reindex()
     out.print(f"alias {rt.chunks.alias}: {rep.old_index} -> {rep.new_index}; {rep.chunks} chunks, "
               f"{rep.embeddings_computed} embeddings computed, {rep.embeddings_cached} cached, {rep.seconds}s")
 
@@ -204,15 +194,9 @@ def source_add(agent: Annotated[str, typer.Option("--agent", help="agent name")]
                ref: str = "main", repo_name: str | None = None,
                secret: Annotated[str | None, typer.Option(help="webhook secret")] = None) -> None:
     """Register a repository + branch for one scope; prints the source id."""
-    s = get_settings()
     body = SourceCreate(agent_name=agent, context_id=context, repo_url=repo, ref=ref, repo_name=repo_name,
                         webhook_secret=secret)
-    url = validate_repo_url(body.repo_url, s.git.allow_local_paths, s.git.host_allowlist)
-    src = Source(**{**body.model_dump(), "repo_url": url, "webhook_secret": body.webhook_secret},
-                 id=Source.new_id())
-    _rt().records.put_source(src)
-    _bump_sources()
-    out.print(src.id)
+    out.print(ops.register_source(_rt(), body).id)
 
 
 @source_app.command("list")
@@ -231,13 +215,10 @@ def source_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
 @source_app.command("remove")
 def source_remove(source_id: str) -> None:
     """Unregister a source and delete its chunks."""
-    rt = _rt()
-    if rt.records.get_source(source_id) is None:
-        raise CliError(f"no source {source_id!r}")
-    n = rt.chunks.delete_source(source_id)
-    rt.records.delete("state", source_id)
-    rt.records.delete("sources", source_id)
-    _bump_sources()
+    try:
+        n = ops.remove_source(_rt(), source_id)
+    except NotFound:
+        raise CliError(f"no source {source_id!r}") from None
     out.print(f"removed {source_id} ({n} chunks deleted)")
 
 
@@ -246,10 +227,7 @@ def key_create(agent: Annotated[str, typer.Option("--agent")],
                context: Annotated[list[str] | None, typer.Option("--context", help="repeat; none = all")] = None,
                label: str | None = None) -> None:
     """Create an agent key; the key is printed once."""
-    key, h = new_key()
-    rec = ApiKey(id="key_" + uuid.uuid4().hex[:12], agent_name=agent, context_ids=context or None, key_hash=h,
-                 label=label)
-    _rt().records.put("keys", rec.id, rec.model_dump(mode="json"))
+    rec, key = ops.create_key(_rt(), KeyCreate(agent_name=agent, context_ids=context or None, label=label))
     out.print(json.dumps({"id": rec.id, "key": key}))
 
 
@@ -257,8 +235,7 @@ def key_create(agent: Annotated[str, typer.Option("--agent")],
 def key_list() -> None:
     """List keys (never the keys themselves)."""
     t = Table("id", "agent", "contexts", "label", "revoked")
-    for d in _rt().records.find("keys", sort="created_at"):
-        k = ApiKey.model_validate(d)
+    for k in ops.list_keys(_rt()):
         t.add_row(k.id, k.agent_name, ",".join(k.context_ids or ["*"]), k.label or "",
                   str(k.revoked_at or ""))
     out.print(t)
@@ -267,22 +244,18 @@ def key_list() -> None:
 @key_app.command("revoke")
 def key_revoke(key_id: str) -> None:
     """Revoke a key."""
-    rt = _rt()
-    d = rt.records.get("keys", key_id)
-    if d is None:
-        raise CliError(f"no key {key_id!r}")
-    d["revoked_at"] = utcnow().isoformat()
-    rt.records.put("keys", key_id, d)
+    try:
+        ops.revoke_key(_rt(), key_id)
+    except NotFound:
+        raise CliError(f"no key {key_id!r}") from None
     out.print(f"revoked {key_id}")
 
 
 @dl_app.command("list")
 def dl_list(include_replayed: bool = False) -> None:
     """Tasks parked after failing worker.max_retries times."""
-    from scopekb.deadletters import list_dead_letters
-
     t = Table("id", "task", "attempts", "error", "created", "replayed")
-    for d in list_dead_letters(_rt().records, include_replayed):
+    for d in ops.list_dead_letters(_rt(), include_replayed):
         t.add_row(d.id, d.task, str(d.attempts), d.error[:80], str(d.created_at), str(d.replayed_at or ""))
     out.print(t)
 
@@ -291,18 +264,14 @@ def dl_list(include_replayed: bool = False) -> None:
 def dl_replay(dl_id: Annotated[str | None, typer.Argument()] = None,
               all_: Annotated[bool, typer.Option("--all")] = False) -> None:
     """Replay one dead letter (by id) or --all."""
-    from scopekb import queue
-    from scopekb.deadletters import list_dead_letters, replay
-
     rt = _rt()
-    celery = queue.make_celery(get_settings(), name="scopekb-cli")
-    ids = [d.id for d in list_dead_letters(rt.records)] if all_ else [dl_id] if dl_id else []
+    ids = [d.id for d in ops.list_dead_letters(rt)] if all_ else [dl_id] if dl_id else []
     if not ids:
         raise CliError("name a dead letter id or pass --all")
     for i in ids:
         try:
-            out.print(f"{i} -> job {replay(rt.records, celery, i)}")
-        except KeyError:
+            out.print(f"{i} -> job {ops.replay_dead_letter(rt, i)}")
+        except NotFound:
             raise CliError(f"no dead letter {i!r}") from None
 
 
@@ -345,12 +314,7 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
         if src.repo_url == url and src.ref == branch and src.context_id == ctx:
             return src
     body = SourceCreate(agent_name=agent, context_id=ctx, repo_url=url, ref=branch, repo_name=str(path))
-    validate_repo_url(body.repo_url, allow_local=True)
-    src = Source(**body.model_dump(), id=Source.new_id())
-    rt.records.put_source(src)
-    if not is_embedded(rt.settings):
-        _bump_sources()
-    return src
+    return ops.register_source(rt, body, allow_local=True)
 
 
 @app.command()
@@ -481,14 +445,14 @@ def main() -> None:
     from opensearchpy.exceptions import ConnectionError as OSConnectionError
     from pydantic import ValidationError
 
+    from scopekb.errors import ScopekbError
     from scopekb.folders import FolderError
     from scopekb.gitrepo import GitError
     from scopekb.indexing import SyncError
-    from scopekb.sources import InvalidRepoUrl
 
     try:
         app()
-    except (CliError, InvalidRepoUrl, SyncError, GitError, FolderError) as e:
+    except (CliError, ScopekbError, SyncError, GitError, FolderError) as e:
         err.print(f"error: {e}", markup=False, highlight=False)
         sys.exit(1)
     except ValidationError as e:

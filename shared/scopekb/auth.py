@@ -10,17 +10,21 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
+import time
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, Field
 
+from scopekb.errors import Refused
 from scopekb.models import utcnow
 from scopekb.stores.base import ScopeFilter
 
 KEY_PREFIX = "skb_"
 
 
-class AuthError(Exception):
+class AuthError(Refused):
     """Base of the errors below; ``status`` is the HTTP status the services answer with."""
 
     status = 401
@@ -92,3 +96,45 @@ def resolve_scope(key: ApiKey, context_id: str | None, cross_context: bool) -> S
     if allowed is not None and len(allowed) == 1:
         return ScopeFilter(key.agent_name, allowed)
     raise ScopeMissing("name a context_id or set cross_context=true")
+
+
+#: Seconds a key lookup is cached; revoking a key through :func:`scopekb.ops.revoke_key` clears the cache at once.
+KEY_CACHE_TTL_S = 30.0
+
+
+class KeyLookup:
+    """Resolve a bearer key to its stored :class:`ApiKey` - the one lookup REST and MCP share.
+
+    Lookups are cached for ``ttl_s`` seconds (``sha256 -> (monotonic time, key)``) so most requests do no store
+    I/O; :meth:`forget` empties the cache (a revocation takes effect at once in this process, within ``ttl_s``
+    in others).
+    """
+
+    def __init__(self, records: Any, ttl_s: float = KEY_CACHE_TTL_S) -> None:
+        self.records = records
+        self.ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, ApiKey | None]] = {}
+        self._mu = threading.Lock()
+
+    def __call__(self, token: str) -> ApiKey | None:
+        """The live key for ``token``, or None for an empty, unknown or revoked key. Store errors propagate."""
+        if not token:
+            return None
+        h = hash_key(token)
+        now = time.monotonic()
+        with self._mu:
+            cached = self._cache.get(h)
+        if cached is None or now - cached[0] > self.ttl_s:
+            docs = self.records.find("keys", size=1, key_hash=h)
+            cached = (now, ApiKey.model_validate(docs[0]) if docs else None)
+            with self._mu:
+                self._cache[h] = cached
+        key = cached[1]
+        if key is None or key.revoked_at is not None:
+            return None
+        return key
+
+    def forget(self) -> None:
+        """Drop every cached lookup."""
+        with self._mu:
+            self._cache.clear()

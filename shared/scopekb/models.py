@@ -50,6 +50,25 @@ class Scope(BaseModel):
         return _check_scope_part(v, "context_id")
 
 
+class KeyCreate(BaseModel):
+    """A request to create an API key bound to one agent (optionally to some of its contexts); names follow the
+    rules of :class:`Scope`."""
+
+    agent_name: str = Field(min_length=1, max_length=200)
+    context_ids: list[str] | None = Field(default=None, max_length=1000)
+    label: str | None = Field(default=None, max_length=200)
+
+    @field_validator("agent_name")
+    @classmethod
+    def _agent(cls, v: str) -> str:
+        return Scope(agent_name=v, context_id="x").agent_name
+
+    @field_validator("context_ids")
+    @classmethod
+    def _contexts(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else [Scope(agent_name="x", context_id=c).context_id for c in v]
+
+
 class SourceCreate(Scope):
     """A git repository + ref, or an object-store prefix, bound to one scope (a request to register a source)."""
 

@@ -28,9 +28,6 @@ from scopekb.stores.opensearch import OpenSearchChunkStore
 
 log = get_logger(__name__)
 
-REINDEX_LOCK_KEY = "scopekb:lock:reindex"
-
-
 @dataclass
 class ReindexReport:
     """What a reindex did: old and new index names, chunks copied, embeddings computed vs cached, seconds."""

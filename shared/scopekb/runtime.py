@@ -1,19 +1,36 @@
-"""Wiring: build the stores, clients and embedder a process needs from :class:`scopekb.settings.Settings`."""
+"""Wiring: build the stores, clients and embedder a process needs from :class:`scopekb.settings.Settings`.
+
+This module is the only place that asks which profile runs (DESIGN §7, §13): embedded (SQLite stores, a blob
+folder, in-memory coordination and broker, all in one process) or distributed (OpenSearch, S3, Redis, Celery on
+Redis). Everything else receives a runtime and uses its interfaces:
+
+- :class:`ControlRuntime` - what admin actions (:mod:`scopekb.ops`) and the webhook ingester need: settings, the
+  record store, the coordination (one Redis client per process), the task producer (one Celery app per process)
+  and the API key lookup;
+- :class:`Runtime` - adds the chunk and blob stores and the embedder (query service, worker, CLI).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
+from celery import Celery
 
+from scopekb.auth import KeyLookup
 from scopekb.blobs import BlobStore, S3BlobStore
 from scopekb.chunking import TokenCounter, counter_for_model
+from scopekb.coordination import Coordination
+from scopekb.documents import FolderPrefix, ObjectPrefix, document_prefix
 from scopekb.embedding import Embedder, EmbeddingCache, make_embedder, make_embedding_cache
+from scopekb.errors import Refused
 from scopekb.indexing import SyncDeps
 from scopekb.logging import get_logger
+from scopekb.queue import make_celery
 from scopekb.settings import Settings, is_embedded
 from scopekb.stores.base import ChunkStore
 from scopekb.stores.opensearch import OpenSearchChunkStore, make_client
@@ -21,13 +38,106 @@ from scopekb.stores.records import OpenSearchRecordStore, RecordStore
 
 log = get_logger(__name__)
 
+#: Runs one task by name: ``send(task_name, task_id, kwargs)``.
+TaskSend = Callable[[str, str, dict[str, Any]], None]
 
-@dataclass
-class Runtime:
-    """The long-lived clients of one process. The embedding cache is built on first use."""
+
+class CeleryTasks:
+    """The process's task producer: one Celery app (built on first use), tasks sent by name."""
+
+    def __init__(self, settings: Settings, name: str) -> None:
+        self.settings = settings
+        self.name = name
+        self._app: Celery | None = None
+        self._mu = threading.Lock()
+
+    @property
+    def app(self) -> Celery:
+        """The Celery app (broker chosen by :func:`celery_app`)."""
+        with self._mu:
+            if self._app is None:
+                self._app = celery_app(self.settings, self.name)
+            return self._app
+
+    def send(self, task: str, task_id: str, kwargs: dict[str, Any]) -> None:
+        """Publish ``task`` with ``kwargs`` under ``task_id``. Broker errors propagate (callers translate)."""
+        self.app.send_task(task, task_id=task_id, kwargs=kwargs)
+
+
+class InProcessTasks:
+    """Runs ``scopekb.sync_sources`` in a thread of this process (embedded profile without a worker, such as
+    ``scopekb mcp`` over stdio). The job record is written before :meth:`send` returns."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def send(self, task: str, task_id: str, kwargs: dict[str, Any]) -> None:
+        """Start the sync in a daemon thread; a failure is recorded on the job (state failed)."""
+        from scopekb.indexing import run_sync
+        from scopekb.models import Job, JobState, utcnow
+
+        ids = list(kwargs.get("source_ids", []))
+        trigger = str(kwargs.get("trigger", "webhook"))
+        job = self.rt.coord.queued_job(task_id) or Job(id=task_id, source_ids=ids, trigger=trigger)
+        self.rt.records.put_job(job)
+
+        def work() -> None:
+            try:
+                run_sync(self.rt.sync_deps(), task_id, ids, trigger=trigger,
+                         branch_deleted=bool(kwargs.get("branch_deleted")), verify=bool(kwargs.get("verify")))
+            except Exception as e:  # noqa: BLE001 - recorded on the job; a thread has nobody to raise to
+                log.error("inprocess_sync_failed", job_id=task_id, source_ids=ids, error=str(e))
+                done = self.rt.records.get_job(task_id) or job
+                self.rt.records.put_job(done.model_copy(update={
+                    "state": JobState.failed, "errors": [*done.errors, str(e)], "finished_at": utcnow()}))
+
+        threading.Thread(target=work, name=f"sync-{task_id}", daemon=True).start()
+
+
+def celery_app(settings: Settings, name: str = "scopekb") -> Celery:
+    """A Celery app for this profile: Redis broker and results (distributed) or the in-memory broker shared by
+    the threads of one process (embedded). Configuration: :func:`scopekb.queue.make_celery`."""
+    if is_embedded(settings):
+        return make_celery(settings, name, broker="memory://", backend="cache+memory://")
+    return make_celery(settings, name, broker=settings.redis.url, backend=settings.redis.url)
+
+
+def coordination(settings: Settings) -> Coordination:
+    """The coordination backend of this profile: a new Redis client, or the process's in-memory one."""
+    if is_embedded(settings):
+        from scopekb.coordination.memory import shared_memory_coordination
+
+        return shared_memory_coordination()
+    from scopekb.coordination.rediscoord import RedisCoordination
+
+    return RedisCoordination.from_url(settings.redis.url)
+
+
+@dataclass(kw_only=True)
+class ControlRuntime:
+    """Clients for admin actions and the ingester: records, coordination, task producer, key lookup.
+
+    Attributes:
+        tasks: sends tasks by name (:class:`CeleryTasks`, or :class:`InProcessTasks` for a lone embedded process).
+        keys: the cached API key lookup shared by REST and MCP.
+        profile: ``embedded`` or ``distributed``, as decided here (for display, e.g. the console's health page).
+    """
 
     settings: Settings
     records: RecordStore
+    coord: Coordination
+    tasks: Any = None
+    profile: str = "distributed"
+    keys: KeyLookup = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.keys = KeyLookup(self.records)
+
+
+@dataclass(kw_only=True)
+class Runtime(ControlRuntime):
+    """The long-lived clients of one process. The embedding cache is built on first use."""
+
     chunks: ChunkStore
     blobs: BlobStore
     embedder: Embedder | None = None
@@ -53,6 +163,16 @@ class Runtime:
         return SyncDeps(settings=self.settings, records=self.records, chunks=self.chunks, blobs=self.blobs,
                         embedder=self.embedder, embed_cache=self.embed_cache, counter=self.counter)
 
+    def documents(self, bucket: str | None, prefix: str) -> ObjectPrefix | FolderPrefix:
+        """An object-store source's documents: S3, or the embedded data folder (the choice
+        :class:`scopekb.indexing.SyncDeps` makes for syncs, so uploads land where syncs read).
+
+        Raises:
+            scopekb.settings.S3NotConfigured: S3 is to be used but has no credentials.
+        """
+        where = SyncDeps(settings=self.settings, records=self.records, chunks=self.chunks, blobs=self.blobs)
+        return document_prefix(self.settings, bucket, prefix, where.documents_dir)
+
     def embed_query(self, text: str) -> list[float]:
         """A query vector from the configured embedder.
 
@@ -62,6 +182,19 @@ class Runtime:
         if self.embedder is None:
             raise RuntimeError("no embedding model configured")
         return list(self.embedder.embed_query(text))
+
+    def readiness(self) -> dict[str, str]:
+        """``{backend: "ok" | "error: <type>"}`` for the chunk store and the coordination backend (``opensearch``
+        and ``redis``, or ``sqlite`` and ``memory``)."""
+        checks: dict[str, str] = {}
+        for name, probe in ((getattr(self.chunks, "kind", "chunks"), self.chunks.health),
+                            (self.coord.kind, self.coord.ping)):
+            try:
+                probe()
+                checks[name] = "ok"
+            except Exception as e:  # noqa: BLE001 - any failure means not ready; reported as text
+                checks[name] = f"error: {type(e).__name__}"
+        return checks
 
 
 def local_model_installed() -> bool:
@@ -90,17 +223,24 @@ def embedding_setup(settings: Settings) -> tuple[Embedder | None, TokenCounter]:
     return emb, counter_for_model(name, settings.chunking)
 
 
-def build_runtime(settings: Settings, with_embedder: bool = True, interactive: bool = False) -> Runtime:
-    """Clients for OpenSearch (chunks + records), S3 and the embedder — or, in the embedded profile, SQLite
-    stores and a blob folder under ``data_dir``. The chunk index is versioned by the embedder's model and
-    dimension (see :func:`scopekb.fields.index_version_name`).
+def build_runtime(settings: Settings, with_embedder: bool = True, interactive: bool = False,
+                  standalone: bool = False, name: str = "scopekb") -> Runtime:
+    """Clients for OpenSearch (chunks + records), S3, Redis, the Celery producer and the embedder - or, in the
+    embedded profile, SQLite stores and a blob folder under ``data_dir`` and in-memory coordination. The chunk
+    index is versioned by the embedder's model and dimension (see :func:`scopekb.fields.index_version_name`).
 
-    ``with_embedder=False`` (the ingester) skips loading the model; such a runtime reads records only and must
-    not write chunks. ``interactive=True`` (the query service) uses short OpenSearch timeouts without retry on
-    timeout. Embedded runtimes are shared per process and always carry the embedder.
+    Args:
+        with_embedder: False skips loading the model (such a runtime must not write chunks).
+        interactive: short OpenSearch timeouts without retry on timeout (the query service).
+        standalone: no worker consumes this process's tasks in the embedded profile (``scopekb mcp``): syncs
+            run in a thread of this process. Ignored in the distributed profile, where workers do.
+        name: the Celery producer's name.
+
+    Embedded runtimes are shared per process and data dir, and always carry the embedder.
     """
     if is_embedded(settings):
-        return build_embedded_runtime(settings)
+        rt = build_embedded_runtime(settings)
+        return dataclasses.replace(rt, tasks=InProcessTasks(rt)) if standalone else rt
     client = make_client(settings.opensearch, interactive=interactive)
     os_cfg = settings.opensearch
     if with_embedder:
@@ -113,7 +253,29 @@ def build_runtime(settings: Settings, with_embedder: bool = True, interactive: b
                                   shards=os_cfg.shards, replicas=os_cfg.replicas,
                                   bulk_max_bytes=os_cfg.bulk_max_bytes)
     return Runtime(settings=settings, records=OpenSearchRecordStore(client, os_cfg.system_prefix), chunks=chunks,
-                   blobs=S3BlobStore(settings.s3), embedder=embedder, counter=counter, opensearch_client=client)
+                   coord=coordination(settings), tasks=CeleryTasks(settings, name), blobs=S3BlobStore(settings.s3),
+                   embedder=embedder, counter=counter, opensearch_client=client)
+
+
+def build_control_runtime(settings: Settings, name: str = "scopekb-ingester") -> ControlRuntime:
+    """The ingester's runtime: records, coordination and the task producer - no chunk store, no S3 client, no
+    embedding model. In the embedded profile, the process's shared runtime (one store sees every write)."""
+    if is_embedded(settings):
+        return build_embedded_runtime(settings)
+    client = make_client(settings.opensearch)
+    return ControlRuntime(settings=settings, records=OpenSearchRecordStore(client, settings.opensearch.system_prefix),
+                          coord=coordination(settings), tasks=CeleryTasks(settings, name))
+
+
+def require_embedded(settings: Settings) -> None:
+    """Refuse to run the all-in-one process (``scopekb up``) outside the embedded profile.
+
+    Raises:
+        Refused: the settings name OpenSearch, Redis or S3 (or ``profile=distributed``).
+    """
+    if not is_embedded(settings):
+        raise Refused("`scopekb up` runs the embedded profile: unset the SCOPEKB_OPENSEARCH/REDIS/S3 settings or "
+                      "set SCOPEKB_PROFILE=embedded (use `scopekb serve` and `scopekb worker` with services)")
 
 
 _EMBEDDED: dict[str, Runtime] = {}
@@ -123,12 +285,15 @@ _EMBEDDED_LOCK = threading.Lock()
 def build_embedded_runtime(settings: Settings) -> Runtime:
     """One process, no servers (DESIGN §7): SQLite chunk and record stores, blobs in a folder, the local model
     when installed, an SQLite embedding cache — all under ``settings.data_dir``. One runtime per data dir and
-    process, shared by the query API, the ingester and the in-process worker (one store sees every write)."""
+    process, shared by the query API, the ingester and the in-process worker (one store sees every write).
+    The stores, embedder, coordination and task producer are shared; the returned runtime carries the caller's
+    ``settings`` (admin token, limits) and its own key-lookup cache."""
     key = str(Path(settings.data_dir).resolve())
+    settings = settings.model_copy(update={"git": settings.git.model_copy(update={"allow_local_paths": True})})
     with _EMBEDDED_LOCK:
         if key not in _EMBEDDED:
             _EMBEDDED[key] = _new_embedded_runtime(settings)
-        return _EMBEDDED[key]
+        return dataclasses.replace(_EMBEDDED[key], settings=settings)
 
 
 def _new_embedded_runtime(settings: Settings) -> Runtime:
@@ -138,23 +303,14 @@ def _new_embedded_runtime(settings: Settings) -> Runtime:
 
     data = Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True)
-    settings = settings.model_copy(update={"git": settings.git.model_copy(update={"allow_local_paths": True})})
     embedder, counter = embedding_setup(settings)
     chunks = SqliteChunkStore(data / "index.sqlite3", dimension=embedder.dimension if embedder else None,
                               model=embedder.model_id if embedder else None)
-    rt = Runtime(settings=settings, records=SqliteRecordStore(data / "records.sqlite3"), chunks=chunks,
+    rt = Runtime(profile="embedded", settings=settings, records=SqliteRecordStore(data / "records.sqlite3"),
+                 chunks=chunks,
+                 coord=coordination(settings), tasks=CeleryTasks(settings, "scopekb-embedded"),
                  blobs=LocalBlobStore(data / "blobs"), embedder=embedder, counter=counter)
     if embedder is not None:
         rt._cache = SQLiteEmbeddingCache(data / "embcache.sqlite3")
         rt._cache_built = True
     return rt
-
-
-def redis_client(settings: Settings) -> Any:
-    """A Redis client for dedupe keys, job markers and locks (short timeouts: a request never hangs on Redis);
-    in the embedded profile the process-wide :class:`scopekb.kv.MemoryKV` with the same methods."""
-    if is_embedded(settings):
-        from scopekb.kv import shared_memory_kv
-
-        return shared_memory_kv()
-    return redis.Redis.from_url(settings.redis.url, socket_timeout=5, socket_connect_timeout=3)

@@ -15,13 +15,16 @@ from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
+from scopekb.errors import Refused
 from scopekb.models import Source, SourceCreate
 
 _SCP_RE = re.compile(r"^(?P<user>[A-Za-z0-9._-]+)@(?P<host>[A-Za-z0-9.-]+):(?P<path>[^:].*)$")
 
 
-class InvalidRepoUrl(ValueError):
-    """A clone URL that registration refuses; the message says why in one line."""
+class InvalidRepoUrl(Refused, ValueError):
+    """A clone URL that registration refuses (HTTP 422); the message says why in one line."""
+
+    status = 422
 
 
 def _host_of(url: str) -> str | None:

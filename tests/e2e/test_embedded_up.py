@@ -59,6 +59,8 @@ def test_up_serves_webhooks_worker_and_search_in_one_process(tmp_path: Path) -> 
         else:
             pytest.fail(log.read_text(errors="replace")[-2000:])
         admin = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30)
+        ready = httpx.get(base + "/readyz", timeout=10)  # 503 before issue 17 (OpenSearch-only internals)
+        assert ready.status_code == 200 and ready.json()["checks"] == {"sqlite": "ok", "memory": "ok"}, ready.text
         r = admin.post("/v1/sources", json={"agent_name": "solo", "context_id": "c", "repo_url": str(repo),
                                             "ref": "main", "repo_name": "me/repo", "webhook_secret": "s"})
         assert r.status_code == 201, r.text
@@ -78,6 +80,9 @@ def test_up_serves_webhooks_worker_and_search_in_one_process(tmp_path: Path) -> 
         hits = httpx.post(base + "/v1/search", json={"query": "embedded_marker_function"},
                           headers={"Authorization": f"Bearer {key}"}, timeout=30).json()["hits"]
         assert [h["path"] for h in hits] == ["lib.py"]
+        status = admin.get("/v1/status")  # 500 before issue 17
+        assert status.status_code == 200 and status.json()["chunks"] >= 1, status.text
+        assert [s["status"] for s in status.json()["sources"]] == ["READY"]
         print("checked: signed push -> in-process queue -> worker -> SQLite -> search, in one process")
     finally:
         proc.terminate()

@@ -11,7 +11,7 @@ index of the commit.
 
 from __future__ import annotations
 
-from scopekb import queue
+from scopekb.coordination import keys
 from scopekb_worker.app import FILE_ATTEMPTS_LIMIT
 
 from .harness import generate_repo
@@ -32,7 +32,7 @@ def test_poison_file_parked_after_n_crashes_rest_indexed_replay_after_fix(make_s
     crashes = crashing.log_text().count('"test_fault_crash_chunking"')
     lost = crashing.log_text().count("WorkerLostError")
     parked = [d for d in stack.dead_letters() if d.get("path") == POISON]
-    pattern = f"scopekb:attempts:{queue.repo_hash(src)}:*"  # this source's counters
+    pattern = f"scopekb:attempts:{keys.repo_hash(src)}:*"  # this source's counters
     attempts_keys = {k.decode(): int(stack.redis().get(k)) for k in stack.redis().keys(pattern)}
     expected, fresh_job = stack.fresh(repo)
     without_poison = type(expected)({c: n for c, n in expected.items() if c[0] != POISON})

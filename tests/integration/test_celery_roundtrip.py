@@ -8,7 +8,9 @@ import sys
 import uuid
 
 import pytest
+
 from scopekb import queue
+from scopekb.runtime import celery_app
 from scopekb.settings import Settings
 
 
@@ -20,7 +22,7 @@ def test_ping_task_round_trip_through_real_worker(redis_url: str, tmp_path) -> N
         proc = subprocess.Popen([sys.executable, "-m", "scopekb_cli.main", "worker", "--concurrency", "1"],
                                 env=env, stdout=fh, stderr=subprocess.STDOUT)
     try:
-        app = queue.make_celery(Settings(redis={"url": redis_url}, worker={"queue": q}), name="it-client")
+        app = celery_app(Settings(redis={"url": redis_url}, worker={"queue": q}), name="it-client")
         res = app.send_task(queue.TASK_PING, kwargs={"value": "hello"})
         try:
             out = res.get(timeout=90)

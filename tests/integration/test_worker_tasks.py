@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
 
-from scopekb import queue
-from scopekb.deadletters import list_dead_letters, replay
 from scopekb.models import Source
+from scopekb.ops import list_dead_letters, replay_dead_letter
 from scopekb.settings import get_settings
 
 
@@ -44,17 +44,19 @@ def test_exhausted_retries_park_a_dead_letter_that_can_be_replayed(worker_module
     job_id = "dl-" + uuid.uuid4().hex[:8]
     res = w.sync_sources.apply(kwargs={"job_id": job_id, "source_ids": [src.id]}, task_id=job_id).get()
     assert res["state"] == "failed" and res["dead_letter"] is True
-    parked = list_dead_letters(rt.records)
+    parked = list_dead_letters(rt)
     assert [d.id for d in parked] == [job_id] and parked[0].kwargs["source_ids"] == [src.id]
     assert "git fetch" in parked[0].error
     job = rt.records.get_job(job_id)
     assert job is not None and job.state.value == "failed" and any("dead letter" in e for e in job.errors)
 
-    client = queue.make_celery(get_settings(), name="it-replay")
-    new_job = replay(rt.records, client, job_id)
+    new_job = replay_dead_letter(rt, job_id)
     assert new_job.startswith(job_id + "-replay-")
-    assert list_dead_letters(rt.records) == []  # replayed ones are hidden by default
-    assert len(list_dead_letters(rt.records, include_replayed=True)) == 1
+    assert list_dead_letters(rt) == []  # replayed ones are hidden by default
+    assert len(list_dead_letters(rt, include_replayed=True)) == 1
+    queued = rt.coord.queued_job(new_job)  # visible to GET /v1/jobs/{id} before a worker starts it
+    assert queued is not None and queued.state.value == "queued" and queued.source_ids == [src.id]
+    client = rt.tasks.app
     # The replayed task is on the broker under the new id.
     # The worker module may have been imported earlier with another queue: look where the replay client sent it.
     q = client.conf.task_default_queue
@@ -74,7 +76,17 @@ def test_reconcile_enqueues_one_sync_per_repository_and_ref(worker_module, tmp_p
     rt.records.put_source(Source(id=Source.new_id(), agent_name="a", context_id="c",
                                  repo_url=str(tmp_path / "r1"), ref="dev"))
     rt.records.client.indices.refresh(index=rt.records.index_name("sources"))
-    r = w.app.connection().default_channel.client
-    r.delete(w.app.conf.task_default_queue)
-    assert w.reconcile.apply().get() == {"groups": 2}
-    assert r.llen(w.app.conf.task_default_queue) == 2
+    # Reconcile enqueues through the runtime's producer: look in the queue it uses (the worker module may have
+    # been imported earlier with another queue).
+    producer = rt.tasks.app
+    r = producer.connection().default_channel.client
+    q = producer.conf.task_default_queue
+    r.delete(q)
+    try:
+        assert w.reconcile.apply().get() == {"groups": 2}
+        assert r.llen(q) == 2
+        # Each reconcile job has its queued marker (GET /v1/jobs/{id} answers before a worker starts it).
+        ids = [json.loads(m)["headers"]["id"] for m in r.lrange(q, 0, -1)]
+        assert all(i.startswith("reconcile-") and rt.coord.queued_job(i) is not None for i in ids)
+    finally:
+        r.delete(q)

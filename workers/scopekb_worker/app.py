@@ -1,15 +1,15 @@
 """The Celery app and its thin tasks. Start with ``scopekb worker`` (or ``celery -A scopekb_worker.app worker``).
 
-Tasks are at-least-once (``acks_late``, ``task_reject_on_worker_lost``) and idempotent. A per-repository Redis
-lock serialises syncs of one repository; a later push finds the work done or does the remainder, so a newer
-push supersedes an older one and a lost delivery heals at the next push.
+Tasks are at-least-once (``acks_late``, ``task_reject_on_worker_lost``) and idempotent. A per-repository lock
+(:meth:`scopekb.coordination.Coordination.repo_lock`) serialises syncs of one repository; a later push finds the
+work done or does the remainder, so a newer push supersedes an older one and a lost delivery heals at the next push.
 
-Faults (DESIGN §11, issue 12): the repository lock has a short expiry that a thread renews while the sync runs,
-so a worker that dies frees it within ``LOCK_TTL_S``; transient failures (git, OpenSearch, Redis, the embedding
-API) are retried with jittered exponential backoff a bounded number of times, then parked as a dead letter (the
-sync state did not move, so the next reconcile re-syncs); a file whose chunking kills the worker process is
-counted per attempt in Redis and parked on its own after ``FILE_ATTEMPTS_LIMIT`` attempts while the rest of the
-sync completes. The worker checks its settings and the broker's eviction policy at start.
+Faults (DESIGN §11, issue 12): the repository lock has a short expiry that a thread renews while the sync runs, so a
+worker that dies frees it within ``LOCK_TTL_S``; transient failures (git, OpenSearch, Redis, the embedding API) are
+retried with jittered exponential backoff a bounded number of times, then parked as a dead letter (the sync state
+did not move, so the next reconcile re-syncs); a file whose chunking kills the worker process is counted per attempt
+in the coordination backend (Redis) and parked on its own after ``FILE_ATTEMPTS_LIMIT`` attempts while the rest of
+the sync completes. The worker checks its settings and the broker's eviction policy at start.
 """
 
 from __future__ import annotations
@@ -18,50 +18,44 @@ import contextlib
 import hashlib
 import logging
 import os
-import socket
-import threading
-import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-import redis
 import structlog
 from celery import Task
 from celery.exceptions import Reject, Retry
 from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import TransportError
-from redis.exceptions import LockError, RedisError
 
-from scopekb import queue
+from scopekb import ops, queue
+from scopekb.coordination import Coordination, keys
 from scopekb.embedding import EmbeddingUnavailable
 from scopekb.embedding.limits import backoff_delay
+from scopekb.errors import Transient
 from scopekb.gitrepo import GitError
 from scopekb.indexing import StoreUnavailable, SyncError, run_sync
 from scopekb.logging import bind_context, clear_context, configure_logging, get_logger
 from scopekb.models import DeadLetter, Job, JobState
-from scopekb.reindex import REINDEX_LOCK_KEY
-from scopekb.runtime import Runtime, build_runtime, redis_client
+from scopekb.runtime import Runtime, build_runtime, celery_app, coordination
 from scopekb.settings import Settings, get_settings
 from scopekb.stores.records import RecordStore
 
 log = get_logger("scopekb.worker")
 
-app = queue.make_celery(get_settings(), name="scopekb-worker")
+app = celery_app(get_settings(), name="scopekb-worker")
 
 #: Seconds a repository lock outlives a worker that died holding it; renewed every third of it while a sync runs.
 LOCK_TTL_S = 60
 #: Attempts at chunking one file (each ended by the worker process dying) before the file is parked.
 FILE_ATTEMPTS_LIMIT = 3
-FILE_ATTEMPTS_KEY = "scopekb:attempts:{group}:{sha}:{path_hash}"
 FILE_ATTEMPTS_TTL_S = 7 * 24 * 3600
 #: Task-level retry backoff after a transient error: ``[d/2, d]`` with ``d = min(max, base * 2**retries)``.
 RETRY_BASE_S = 5.0
 RETRY_MAX_S = 300.0
 #: Errors that say a dependency is (for now) unavailable: the sync is retried later, never spun on.
-TRANSIENT_ERRORS = (GitError, OSConnectionError, TransportError, RedisError, OSError, EmbeddingUnavailable,
+TRANSIENT_ERRORS = (Transient, GitError, OSConnectionError, TransportError, OSError, EmbeddingUnavailable,
                     StoreUnavailable)
 #: Eviction policies that never drop keys without a TTL (broker queues and unacked tasks have none).
 SAFE_EVICTION = ("noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl")
@@ -70,7 +64,7 @@ SAFE_EVICTION = ("noeviction", "volatile-lru", "volatile-lfu", "volatile-random"
 @lru_cache(maxsize=1)
 def runtime() -> Runtime:
     """Clients of this worker process, built on first use (after fork)."""
-    rt = build_runtime(get_settings())
+    rt = build_runtime(get_settings(), name="scopekb-worker")
     rt.chunks.ensure_index()
     return rt
 
@@ -98,7 +92,7 @@ def effective_limits(s: Settings, conf: Any) -> dict[str, Any]:
             "file_attempts_limit": FILE_ATTEMPTS_LIMIT, "reconcile_interval_s": s.worker.reconcile_interval_s}
 
 
-def startup_problems(limits: dict[str, Any], rds: redis.Redis) -> list[str]:
+def startup_problems(limits: dict[str, Any], coord: Coordination) -> list[str]:
     """What is unsafe in the worker's limits or the broker, each as one sentence naming the fix."""
     out: list[str] = []
     soft, hard, vis = limits["soft_time_limit_s"], limits["time_limit_s"], limits["visibility_timeout_s"]
@@ -112,10 +106,9 @@ def startup_problems(limits: dict[str, Any], rds: redis.Redis) -> list[str]:
     if not limits["max_tasks_per_child"]:
         out.append("worker_max_tasks_per_child is not set: a leak in a pool process is never reclaimed")
     try:
-        policy = str(rds.config_get("maxmemory-policy").get("maxmemory-policy", "?"))
-        maxmemory = int(rds.config_get("maxmemory").get("maxmemory", 0) or 0)
-    except RedisError as e:
-        out.append(f"cannot read the broker's maxmemory-policy ({type(e).__name__}: {e}); make sure it is "
+        policy, maxmemory = coord.eviction_policy()
+    except Transient as e:
+        out.append(f"cannot read the broker's maxmemory-policy ({e}); make sure it is "
                    "noeviction (or volatile-*): other policies can evict queued and unacknowledged tasks")
         return out
     if policy not in SAFE_EVICTION:
@@ -132,7 +125,7 @@ def _startup_checks(sender: Any = None, **_: Any) -> None:
     _init_logging()
     limits = effective_limits(s, app.conf)
     log.info("worker_limits", **limits)
-    for problem in startup_problems(limits, redis_client(s)):
+    for problem in startup_problems(limits, coordination(s)):
         log.warning("worker_startup_check", problem=problem)
 
 
@@ -170,18 +163,16 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
     """
     s = get_settings()
     rt = runtime()
-    rds = redis_client(s)
-    if rds.exists(REINDEX_LOCK_KEY):  # the index is being rebuilt: wait, without spending a retry attempt
+    if rt.coord.reindex_running():  # the index is being rebuilt: wait, without spending a retry attempt
         log.info("sync_deferred_for_reindex")
         raise self.retry(countdown=30, max_retries=None)
     log.info("sync_started", source_ids=source_ids, after=after, branch_deleted=branch_deleted, verify=verify,
              retries=self.request.retries)
-    lock_name = queue.LOCK_KEY.format(repo_hash=queue.repo_hash(",".join(sorted(source_ids))))
-    attempts = RedisFileAttempts(rds, rt.records, self.name)
+    attempts = FileAttemptsRecorder(rt.coord, rt.records, self.name)
     try:
         if reset_attempts:
-            rds.delete(*[k for k in reset_attempts if k.startswith("scopekb:attempts:")])
-        with repo_lock(rds, lock_name, s.worker.task_time_limit_s):
+            rt.coord.forget_attempts(reset_attempts)
+        with rt.coord.repo_lock(source_ids, wait_s=s.worker.task_time_limit_s, ttl_s=LOCK_TTL_S):
             deps = rt.sync_deps()
             deps.attempts = attempts
             job = run_sync(deps, job_id, source_ids, trigger=trigger, branch_deleted=branch_deleted, verify=verify,
@@ -204,120 +195,45 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
             log.error("sync_retry_not_enqueued", error=str(e)[:300])
             raise
     finally:
-        with contextlib.suppress(RedisError):
+        with contextlib.suppress(Transient):
             attempts.flush()
     return job.model_dump(mode="json")
 
 
-@contextlib.contextmanager
-def repo_lock(rds: redis.Redis, name: str, wait_s: float) -> Iterator[None]:
-    """Hold the repository lock ``name`` (waiting up to ``wait_s``); a thread renews it while the sync runs.
-
-    It expires ``LOCK_TTL_S`` after the holder stops renewing it, so a worker that died blocks the repository for
-    at most that long - and not at all for a worker on the same host: the lock names its holder (host and pid),
-    and a holder process that no longer exists there is not waited for (a pool process killed while chunking).
-
-    Raises:
-        redis.exceptions.LockError: not acquired within ``wait_s`` (transient: the task retries later).
-    """
-    # thread_local=False: the renewing thread must see the token of the task's thread
-    lock = rds.lock(name, timeout=LOCK_TTL_S, blocking_timeout=wait_s, thread_local=False)
-    token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
-    if not lock.acquire(blocking=False, token=token):
-        if _break_if_holder_dead(rds, name):
-            log.warning("repo_lock_of_dead_process_broken", lock=name)
-        if not lock.acquire(token=token):
-            raise LockError(f"repository lock {name} is held by another sync")
-    stop = threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(LOCK_TTL_S / 3):
-            try:
-                lock.extend(LOCK_TTL_S, replace_ttl=True)
-            except LockError:  # expired or taken (e.g. Redis restarted empty): the sync goes on, idempotent
-                log.warning("repo_lock_lost", lock=name)
-                return
-            except RedisError as e:
-                log.warning("repo_lock_renewal_failed", lock=name, error=str(e))
-
-    keeper = threading.Thread(target=renew, name="repo-lock-keeper", daemon=True)
-    keeper.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        keeper.join(timeout=5)
-        try:
-            lock.release()
-        except (LockError, RedisError) as e:  # expired meanwhile, or Redis restarted: nothing left to free
-            log.warning("repo_lock_release_failed", lock=name, error=str(e))
-
-
-_DELETE_IF_EQUAL = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-
-
-def _break_if_holder_dead(rds: redis.Redis, name: str) -> bool:
-    """Delete the lock ``name`` if its holder is a process of this host that no longer exists. True if deleted."""
-    raw = rds.get(name)
-    try:
-        host, pid_s, _ = (raw or b"").decode().split(":", 2)
-        pid = int(pid_s)
-    except ValueError:  # free, or a lock of an older worker (a bare token): wait for its expiry
-        return False
-    if host != socket.gethostname() or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-        return False  # alive (or reused by another process: then the expiry is waited for)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        return False
-    return bool(rds.eval(_DELETE_IF_EQUAL, 1, name, raw))
-
-
-class RedisFileAttempts:
-    """:class:`scopekb.indexing.FileAttempts` in Redis: one counter per (sources, blob, path), kept a week.
-
-    ``done`` is deferred and sent with the next ``begin`` (one round trip per file) or by ``flush``.
-    """
+class FileAttemptsRecorder:
+    """:class:`scopekb.indexing.FileAttempts` on the coordination backend: one counter per (sources, blob,
+    path), kept ``FILE_ATTEMPTS_TTL_S``. ``done`` is deferred and sent with the next ``begin`` (one round trip
+    per file) or by ``flush``."""
 
     limit = FILE_ATTEMPTS_LIMIT
 
-    def __init__(self, rds: redis.Redis, records: RecordStore, task_name: str) -> None:
-        self.rds = rds
+    def __init__(self, coord: Coordination, records: RecordStore, task_name: str) -> None:
+        self.coord = coord
         self.records = records
         self.task_name = task_name
         self._pending: list[str] = []
 
-    @staticmethod
-    def key(source_ids: Sequence[str], path: str, sha: str) -> str:
-        return FILE_ATTEMPTS_KEY.format(group=queue.repo_hash(",".join(sorted(source_ids))), sha=sha,
-                                        path_hash=hashlib.sha256(path.encode()).hexdigest()[:16])
-
     def begin(self, source_ids: Sequence[str], path: str, sha: str) -> int:
-        key = self.key(source_ids, path, sha)
-        pipe = self.rds.pipeline(transaction=False)
-        if self._pending:
-            pipe.delete(*self._pending)
-        pipe.incr(key)
-        pipe.expire(key, FILE_ATTEMPTS_TTL_S)
-        res = pipe.execute()
-        self._pending.clear()
-        return int(res[-2])
+        """Count an attempt about to start; the attempts so far, this one included."""
+        n = self.coord.count_attempt(keys.file_attempts(source_ids, path, sha), FILE_ATTEMPTS_TTL_S,
+                                     forget=self._pending)
+        self._pending = []
+        return n
 
     def done(self, source_ids: Sequence[str], path: str, sha: str) -> None:
-        self._pending.append(self.key(source_ids, path, sha))
+        """The attempt survived: forget its count with the next round trip."""
+        self._pending.append(keys.file_attempts(source_ids, path, sha))
 
     def flush(self) -> None:
+        """Forget the counts of finished attempts now."""
         if self._pending:
-            self.rds.delete(*self._pending)
-            self._pending.clear()
+            self.coord.forget_attempts(self._pending)
+            self._pending = []
 
     def park(self, job: Job, path: str, sha: str, attempts: int) -> None:
         """A dead letter per (sources, blob, path), replaced while the file keeps failing; its replay resets the
         count and re-runs the sync of those sources."""
-        key = self.key(job.source_ids, path, sha)
+        key = keys.file_attempts(job.source_ids, path, sha)
         dl = DeadLetter(id="file-" + hashlib.sha256(key.encode()).hexdigest()[:20], task=self.task_name,
                         kwargs={"job_id": job.id, "source_ids": job.source_ids, "trigger": "replay",
                                 "reset_attempts": [key]},
@@ -365,19 +281,4 @@ def reconcile() -> dict[str, Any]:
     repairing what differs (``job.drift``): a fetch, a tree listing and one aggregation per source when nothing
     drifted.
     """
-    rt = runtime()
-    rds = redis_client(get_settings())
-    groups: dict[tuple[str, str], list[str]] = {}
-    for src in rt.records.list_sources():
-        groups.setdefault((src.repo_url, src.ref), []).append(src.id)
-    stamp = int(time.time())
-    busy = 0
-    for (url, ref), ids in groups.items():
-        if rds.exists(queue.LOCK_KEY.format(repo_hash=queue.repo_hash(",".join(sorted(ids))))):
-            busy += 1  # a sync of it runs now; the next pass checks it
-            continue
-        job_id = f"reconcile-{queue.repo_hash(url + ref)}-{stamp}"
-        app.send_task(queue.TASK_SYNC_SOURCES, task_id=job_id,
-                      kwargs={"job_id": job_id, "source_ids": sorted(ids), "trigger": "reconcile", "verify": True})
-    log.info("reconcile_enqueued", groups=len(groups) - busy, busy=busy)
-    return {"groups": len(groups) - busy}
+    return {"groups": ops.reconcile(runtime())}

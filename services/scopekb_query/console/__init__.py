@@ -16,7 +16,7 @@ from fastapi.responses import RedirectResponse, Response
 from scopekb.runtime import Runtime
 from scopekb.settings import Settings
 
-from .actions import ActionRefused, ConsoleActions, EndpointActions
+from .actions import ActionRefused, ConsoleActions, OpsActions
 from .routes import Console, SignInRequired
 
 __all__ = ["Console", "mount_console"]
@@ -26,9 +26,9 @@ def mount_console(app: FastAPI, rt: Runtime, settings: Settings, celery: Any,
                   actions: ConsoleActions | None = None) -> Console:
     """Add the console's routes under ``/console`` to ``app`` and its error pages.
 
-    ``actions`` defaults to :class:`EndpointActions` over ``app``'s own ``/v1`` routes.
+    ``actions`` defaults to :class:`OpsActions` over ``rt`` (:mod:`scopekb.ops`, what the ``/v1`` routes call).
     """
-    console = Console(rt, settings, celery, actions or EndpointActions(app))
+    console = Console(rt, settings, celery, actions or OpsActions(rt))
     app.include_router(console.router(), prefix="/console")
 
     async def _error(request: Request, exc: Exception) -> Response:

@@ -1,21 +1,19 @@
 """The admin actions the console's forms perform, written nowhere else.
 
-:class:`EndpointActions` calls the query service's own REST endpoint functions (found on the app by method and
-path), so a console form does exactly what the matching ``/v1`` request does — same validation, same queued
-marker, same key-cache clearing — without a second copy of the logic and without an HTTP round trip. The
-console checks the admin session before calling any of them.
+:class:`OpsActions` calls :mod:`scopekb.ops`, the application layer the ``/v1`` routes, MCP and the CLI call,
+so a console form does exactly what the matching ``/v1`` request does — same validation, same queued marker,
+same key-cache clearing — without a second copy of the logic. The console checks the admin session before
+calling any of them.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from fastapi import FastAPI, HTTPException
-from fastapi.routing import APIRoute
-
-from scopekb.models import DeadLetter, SourceCreate
+from scopekb import ops
+from scopekb.errors import NotFound, Refused
+from scopekb.models import DeadLetter, KeyCreate, SourceCreate
+from scopekb.runtime import Runtime
 
 
 class ActionRefused(Exception):
@@ -63,56 +61,60 @@ class ConsoleActions(Protocol):
         ...
 
 
-class EndpointActions:
-    """:class:`ConsoleActions` through the app's ``/v1`` endpoint functions (called directly, in process)."""
+class OpsActions:
+    """:class:`ConsoleActions` through :mod:`scopekb.ops` on the query service's runtime; scopekb's
+    :class:`~scopekb.errors.Refused` becomes :class:`ActionRefused` with the same status."""
 
-    def __init__(self, app: FastAPI) -> None:
-        self._app = app
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
 
-    def _endpoint(self, method: str, path: str) -> Callable[..., Any]:
-        for route in self._app.router.routes:
-            if isinstance(route, APIRoute) and route.path == path and method in route.methods:
-                return route.endpoint
-        raise LookupError(f"{method} {path} is not a route of this app")
-
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            return self._endpoint(method, path)(**kwargs)
-        except HTTPException as e:
-            raise ActionRefused(e.status_code, str(e.detail)) from None
+    @staticmethod
+    def _refused(e: Refused) -> ActionRefused:
+        return ActionRefused(e.status, str(e))
 
     def add_source(self, body: SourceCreate) -> dict[str, Any]:
-        return dict(self._call("POST", "/v1/sources", body=body))
+        try:
+            return ops.register_source(self.rt, body).public()
+        except Refused as e:
+            raise self._refused(e) from None
 
     def remove_source(self, source_id: str) -> dict[str, Any]:
-        return dict(self._call("DELETE", "/v1/sources/{source_id}", source_id=source_id))
+        try:
+            return {"deleted": True, "chunks_deleted": ops.remove_source(self.rt, source_id)}
+        except Refused as e:
+            raise self._refused(e) from None
 
     def sync_source(self, source_id: str) -> str:
-        return str(self._call("POST", "/v1/sources/{source_id}/sync", source_id=source_id)["job_id"])
+        try:
+            return ops.sync_source(self.rt, source_id, "manual")
+        except Refused as e:
+            raise self._refused(e) from None
 
     def create_key(self, agent_name: str, context_ids: list[str] | None, label: str | None) -> dict[str, Any]:
-        endpoint = self._endpoint("POST", "/v1/keys")
-        model = inspect.signature(endpoint).parameters["body"].annotation
         try:
-            body = model(agent_name=agent_name, context_ids=context_ids, label=label)
+            body = KeyCreate(agent_name=agent_name, context_ids=context_ids, label=label)
         except ValueError as e:
             raise ActionRefused(422, str(e)) from None
-        return dict(self._call("POST", "/v1/keys", body=body))
+        rec, secret = ops.create_key(self.rt, body)
+        return {"id": rec.id, "key": secret, "agent_name": rec.agent_name, "context_ids": rec.context_ids}
 
     def revoke_key(self, key_id: str) -> None:
-        self._call("DELETE", "/v1/keys/{key_id}", key_id=key_id)
+        try:
+            ops.revoke_key(self.rt, key_id)
+        except Refused as e:
+            raise self._refused(e) from None
 
     def replay_dead_letter(self, dl_id: str) -> str:
-        return str(self._call("POST", "/v1/deadletters/{dl_id}/replay", dl_id=dl_id)["job_id"])
+        try:
+            return ops.replay_dead_letter(self.rt, dl_id)
+        except Refused as e:
+            raise self._refused(e) from None
 
     def list_dead_letters(self, include_replayed: bool) -> list[DeadLetter]:
-        return [DeadLetter.model_validate(d) for d in self._call("GET", "/v1/deadletters",
-                                                                 include_replayed=include_replayed)]
+        return ops.list_dead_letters(self.rt, include_replayed)
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
         try:
-            return dict(self._call("GET", "/v1/jobs/{job_id}", job_id=job_id))
-        except ActionRefused as e:
-            if e.status == 404:
-                return None
-            raise
+            return ops.get_job(self.rt, job_id).model_dump(mode="json")
+        except NotFound:
+            return None

@@ -62,13 +62,25 @@ RawHit = tuple[str, float, dict[str, Any]]
 
 
 class ChunkStore(Protocol):
-    """Chunk documents tagged with their scope. Implementations: OpenSearch, SQLite."""
+    """Chunk documents tagged with their scope. Implementations: OpenSearch, SQLite.
 
+    Attributes:
+        kind: the backend's name as readiness reports it (``opensearch``, ``sqlite``).
+        dimension: embedding dimension, None for a keyword-only index.
+    """
+
+    kind: str
     dimension: int | None
 
     def ensure_index(self) -> str: ...
 
     def check_placement(self) -> dict[str, Any]: ...
+
+    def live_index(self) -> str | None: ...
+
+    def health(self) -> None: ...
+
+    def count(self) -> int: ...
 
     def bulk_write(self, docs: Iterable[dict[str, Any]], refresh: bool = False) -> BulkReport: ...
 

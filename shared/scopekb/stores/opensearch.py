@@ -129,6 +129,8 @@ class OpenSearchChunkStore:
         model: embedding model id (part of the index version name).
     """
 
+    kind = "opensearch"
+
     def __init__(self, client: OpenSearch, alias: str = "scopekb-chunks", dimension: int | None = None,
                  model: str | None = None, shards: int = 1, replicas: int = 0,
                  bulk_max_bytes: int = 4 * 1024 * 1024) -> None:
@@ -239,6 +241,10 @@ class OpenSearchChunkStore:
             return None
         names = sorted(res.keys())
         return names[-1] if names else None
+
+    def health(self) -> None:
+        """Raise when the cluster does not answer its health API within 2 s (readiness)."""
+        self.client.cluster.health(params={"request_timeout": 2})
 
     def refresh(self) -> None:
         """Make every write so far visible to search (tests and the CLI; syncs rely on the refresh interval)."""

@@ -314,6 +314,8 @@ class SqliteChunkStore:
     others), so rankings may differ while the scores keep their meaning (raw > 0, best first).
     """
 
+    kind = "sqlite"
+
     def __init__(self, path: Path | str, dimension: int | None = None, model: str | None = None) -> None:
         self.path = Path(path)
         self.dimension = dimension or None
@@ -377,6 +379,16 @@ class SqliteChunkStore:
         self._ready = False
         with self._cache_lock:
             self._vec_cache = None
+
+    def live_index(self) -> str | None:
+        """:attr:`version_name` once the tables exist, else None (the OpenSearch alias's target, here)."""
+        with self._db.read() as conn:
+            return self.version_name if self._readable(conn) else None
+
+    def health(self) -> None:
+        """Raise when the database cannot be read (readiness)."""
+        with self._db.read() as conn:
+            conn.execute("SELECT 1").fetchone()
 
     def refresh(self) -> None:
         """No-op: a committed write is visible to the next read in every thread and process."""

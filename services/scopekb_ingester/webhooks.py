@@ -1,0 +1,192 @@
+"""The webhook routes: push webhooks of git hosts and S3 event notifications.
+
+``POST /webhooks/{github,gitlab,gitea,forgejo,bitbucket}``: read the raw body (size-capped), find the
+registered sources of the repository, verify the provider's signature or token against their secrets, answer
+pings, drop a repeated delivery id, enqueue ``scopekb.sync_sources`` by name with the delivery id as task and
+job id (through :func:`scopekb.ops.enqueue_delivery`, queued marker included), and answer 202. Bad input gets
+400/401/404/413, never 5xx, and enqueues nothing; an unavailable queue or registry gets 503.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from typing import Annotated
+from urllib.parse import unquote_plus
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from prometheus_client import Counter
+from starlette.concurrency import run_in_threadpool
+
+from scopekb import ops
+from scopekb.logging import bind_context, clear_context, get_logger
+from scopekb.models import Source
+from scopekb.sources import matching_sources
+from scopekb_ingester.providers import PROVIDERS, BadRequest, Parsed, Provider, decode_body
+from scopekb_ingester.state import Ingester, ingester
+
+log = get_logger("scopekb.ingester")
+
+WEBHOOKS = Counter("scopekb_webhooks_total", "Webhook deliveries by provider and outcome",
+                   ["provider", "outcome"])
+
+router = APIRouter(prefix="/webhooks", tags=["webhooks"])
+Ing = Annotated[Ingester, Depends(ingester)]
+
+
+def _err(status: int, detail: str, provider: str, outcome: str) -> JSONResponse:
+    WEBHOOKS.labels(provider, outcome).inc()
+    return JSONResponse({"detail": detail}, status_code=status)
+
+
+def _enqueue(ing: Ingester, provider: str, delivery: str, specs: list[ops.SyncSpec]) -> JSONResponse | None:
+    """Claim and enqueue; None when queued, else the answer (duplicate 200, unavailable 503)."""
+    try:
+        if not ops.enqueue_delivery(ing.rt, provider, delivery, specs):
+            WEBHOOKS.labels(provider, "duplicate").inc()
+            log.info("webhook_duplicate")
+            return JSONResponse({"status": "duplicate", "job_id": specs[0].job_id}, status_code=200)
+    except Exception as e:  # broker or coordination down: let the sender retry, nothing remembered
+        log.error("webhook_enqueue_failed", error=str(e))
+        return _err(503, "queue unavailable, retry later", provider, "enqueue_failed")
+    WEBHOOKS.labels(provider, "queued").inc()
+    return None
+
+
+def _sources(ing: Ingester, provider: str, force: bool = False) -> list[Source] | JSONResponse:
+    try:
+        return ing.sources.get(force=force)
+    except Exception as e:  # the source registry is unreachable: the sender retries later
+        log.error("webhook_sources_unavailable", error=str(e))
+        return _err(503, "source registry unavailable, retry later", provider, "unavailable")
+
+
+@router.post("/s3", status_code=202)
+async def s3_events(request: Request, ing: Ing) -> JSONResponse:
+    """S3 event notifications (``{"Records": [{"s3": {"bucket": {"name"}, "object": {"key"}}}]}``, keys
+    URL-encoded as AWS sends them): every object-store source whose bucket and prefix cover a changed key is
+    synced. Protected by ``X-Scopekb-Token`` (``ingester.s3_event_token``)."""
+    clear_context()
+    cfg = ing.rt.settings.ingester
+    if cfg.s3_event_token is None:
+        return _err(404, "object-store events are not enabled", "s3", "disabled")
+    raw = await request.body()
+    if len(raw) > cfg.max_body_bytes:
+        return _err(413, "body too large", "s3", "too_large")
+    return await run_in_threadpool(_process_s3, ing, raw, request.headers.get("x-scopekb-token") or "")
+
+
+def _process_s3(ing: Ingester, raw: bytes, given: str) -> JSONResponse:
+    """Verify, find the covering sources, dedupe and enqueue (blocking clients, off the event loop)."""
+    settings = ing.rt.settings
+    token = settings.ingester.s3_event_token
+    assert token is not None
+    if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
+        return _err(401, "invalid token", "s3", "bad_signature")
+    try:
+        records = json.loads(raw).get("Records")
+        changed = {(r["s3"]["bucket"]["name"], unquote_plus(r["s3"]["object"]["key"])) for r in records}
+    except (ValueError, AttributeError, TypeError, KeyError):
+        return _err(400, "body must be an S3 event with Records[].s3.bucket.name and .object.key", "s3",
+                    "bad_request")
+    found = _sources(ing, "s3")
+    if isinstance(found, JSONResponse):
+        return found
+    targets = [x for x in found if x.kind == "s3"
+               and any(b == (x.bucket or settings.s3.bucket) and k.startswith((x.prefix or "") + "/")
+                       for b, k in changed)]
+    if not targets:
+        return JSONResponse({"status": "ignored", "reason": "no source covers these keys"}, status_code=202)
+    delivery = "s3-" + hashlib.sha256(raw).hexdigest()[:32]
+    bind_context(delivery_id=delivery, provider="s3")
+    specs = [ops.SyncSpec(job_id=f"{delivery}:{n}", source_ids=[src.id], trigger="s3-event", ref=src.ref)
+             for n, src in enumerate(targets)]
+    answer = _enqueue(ing, "s3", delivery, specs)
+    if answer is not None:
+        return answer
+    return JSONResponse({"status": "queued", "job_ids": [s.job_id for s in specs]}, status_code=202)
+
+
+@router.post("/{provider}", status_code=202)
+async def webhook(provider: str, request: Request, ing: Ing) -> JSONResponse:
+    """Push webhooks from GitHub, GitLab, Gitea/Forgejo and Bitbucket Cloud (``provider`` in the path)."""
+    clear_context()
+    prov = PROVIDERS.get(provider)
+    if prov is None:
+        return _err(404, "unknown provider", "unknown", "unknown_provider")
+    cap = ing.rt.settings.ingester.max_body_bytes
+    clen = request.headers.get("content-length")
+    if clen and clen.isdigit() and int(clen) > cap:
+        return _err(413, f"body larger than {cap} bytes", provider, "too_large")
+    body = bytearray()
+    async for part in request.stream():
+        body.extend(part)
+        if len(body) > cap:
+            return _err(413, f"body larger than {cap} bytes", provider, "too_large")
+    # The record store, coordination and the broker are blocking clients: run them off the event loop.
+    return await run_in_threadpool(_process, ing, provider, prov, bytes(body), dict(request.headers))
+
+
+def _process(ing: Ingester, provider: str, prov: Provider, raw: bytes, headers: dict[str, str]) -> JSONResponse:
+    """Everything after the body is read: parse, find sources, verify, dedupe, enqueue."""
+    event = prov.header(headers, prov.event_headers)
+    delivery = prov.header(headers, prov.delivery_headers)
+    if not event or not delivery or len(delivery) > 200 or len(event) > 100:
+        return _err(400, "missing event or delivery header", provider, "bad_request")
+    bind_context(delivery_id=delivery, provider=provider, event=event)
+    try:
+        parsed = prov.parse(event, decode_body(raw, headers.get("content-type")))
+    except BadRequest as e:
+        return _err(400, str(e), provider, "bad_request")
+    eligible = _eligible(ing, provider, prov, parsed, raw, headers)
+    if isinstance(eligible, JSONResponse):
+        return eligible
+    if parsed.kind == "ping":
+        WEBHOOKS.labels(provider, "ping").inc()
+        return JSONResponse({"status": "pong"}, status_code=200)
+    work = [(push, [s for s in eligible if push.branch is not None and s.ref == push.branch])
+            for push in parsed.pushes]
+    work = [(push, targets) for push, targets in work if targets]
+    if parsed.kind == "ignored" or not work:
+        WEBHOOKS.labels(provider, "ignored").inc()
+        log.info("webhook_ignored", refs=[p.ref for p in parsed.pushes], reason="no source tracks this ref")
+        return JSONResponse({"status": "ignored", "reason": "no source tracks this ref"}, status_code=202)
+    specs = [ops.SyncSpec(job_id=delivery if len(work) == 1 else f"{delivery}:{n}",
+                          source_ids=[s.id for s in targets], trigger="webhook", ref=push.branch,
+                          to_commit=None if push.deleted else push.after,
+                          task_kwargs={"after": push.after, "branch_deleted": push.deleted})
+             for n, (push, targets) in enumerate(work)]
+    answer = _enqueue(ing, provider, delivery, specs)
+    if answer is not None:
+        return answer
+    job_ids = [s.job_id for s in specs]
+    log.info("webhook_queued", refs=[p.ref for p, _ in work], jobs=len(job_ids))
+    return JSONResponse({"status": "queued", "job_id": job_ids[0], "job_ids": job_ids,
+                         "sources": sorted({s.id for _, t in work for s in t})}, status_code=202)
+
+
+def _eligible(ing: Ingester, provider: str, prov: Provider, parsed: Parsed, raw: bytes,
+              headers: dict[str, str]) -> list[Source] | JSONResponse:
+    """The registered sources of the payload's repository whose own secret (current or previous, during
+    rotation) signed this body; or the answer: 503 registry down, 404 unknown repository, 401 bad signature."""
+    repo = parsed.repository
+    cached = _sources(ing, provider)
+    if isinstance(cached, JSONResponse):
+        return cached
+    found = matching_sources(cached, repo.urls, [repo.full_name])
+    if not found:
+        fresh = _sources(ing, provider, force=True)
+        if isinstance(fresh, JSONResponse):
+            return fresh
+        found = matching_sources(fresh, repo.urls, [repo.full_name])
+    if not found:
+        log.info("webhook_unknown_repository", repository=repo.full_name)
+        return _err(404, "not found", provider, "unknown_repo")
+    sig = prov.header(headers, prov.signature_headers)
+    eligible = [s for s in found if not s.secrets() or prov.verify(s.secrets(), raw, sig)]
+    if not eligible:
+        log.warning("webhook_bad_signature", repository=repo.full_name)
+        return _err(401, "invalid signature", provider, "bad_signature")
+    return eligible

@@ -1,0 +1,10 @@
+"""The query service's REST routes, one router per resource; each calls :mod:`scopekb.ops` or the search."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from scopekb_query.routes import health, jobs, keys, search, sources
+
+#: Every router of the query service's REST API, in the order they are included.
+ROUTERS: tuple[APIRouter, ...] = (health.router, search.router, sources.router, keys.router, jobs.router)

@@ -1,0 +1,32 @@
+"""Liveness, readiness and metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from scopekb_query.deps import Rt
+from scopekb_query.metrics import metrics_response
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(rt: Rt) -> JSONResponse:
+    """The chunk store and the coordination backend answer (``opensearch`` and ``redis``, or ``sqlite`` and
+    ``memory`` in the embedded profile): 200, else 503 with each check's error type."""
+    checks = rt.readiness()
+    ok = all(v == "ok" for v in checks.values())
+    return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
+
+
+@router.get("/metrics")
+def metrics() -> PlainTextResponse:
+    """Prometheus metrics."""
+    return metrics_response()

@@ -1,0 +1,32 @@
+"""``POST /v1/search``: scoped BM25 / kNN / hybrid search with an agent key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import PlainTextResponse
+
+from scopekb.auth import resolve_scope
+from scopekb.models import SearchRequest, SearchResponse
+from scopekb.search import SearchUnavailable, render_text, run_search
+from scopekb_query.deps import CallerDep, Rt
+
+router = APIRouter(tags=["search"])
+
+
+@router.post("/v1/search", response_model=SearchResponse)
+def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt, format: str = "json") -> Any:
+    """Search within the caller's scope. ``?format=text`` returns the agent text rendering."""
+    request.scope["scopekb_mode"] = req.mode.value
+    if c.key is None:
+        raise HTTPException(403, "searches need an agent key, not the admin token")
+    scope = resolve_scope(c.key, req.context_id, req.cross_context)
+    try:
+        resp = run_search(rt.chunks, req, scope, rt.settings.query,
+                          embed=rt.embed_query if rt.embedder is not None else None)
+    except SearchUnavailable as e:
+        raise HTTPException(400, str(e)) from None
+    if format == "text":
+        return PlainTextResponse(render_text(resp))
+    return resp

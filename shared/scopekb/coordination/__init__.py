@@ -1,0 +1,226 @@
+"""Coordination between scopekb processes: scopekb's own small interface, not a key-value client's surface.
+
+What the processes coordinate on (DESIGN §11, §13):
+
+- **delivery claim**: a webhook delivery id is acted on once (:meth:`Coordination.claim_delivery`);
+- **queued marker**: a job is visible to ``GET /v1/jobs/{id}`` from the moment it is enqueued until a worker
+  records it (:meth:`Coordination.mark_queued`, :meth:`Coordination.queued_job`);
+- **repository lock** with renewal: one sync of a group of sources at a time; a holder that dies frees it
+  within its TTL, at once when it was a process of this host (:meth:`Coordination.repo_lock`);
+- **file attempts**: chunking attempts per file that survive a worker death (:meth:`Coordination.count_attempt`);
+- **sources version**: ingesters reload their source cache when it moves (:meth:`Coordination.sources_version`);
+- **reindex lock**: syncs wait while ``scopekb reindex`` runs.
+
+Two implementations share this logic and differ only in a handful of primitives:
+:class:`scopekb.coordination.rediscoord.RedisCoordination` (distributed profile) and
+:class:`scopekb.coordination.memory.MemoryCoordination` (embedded profile, one process). The profile is chosen in
+:mod:`scopekb.runtime` only. Every key name is in :mod:`scopekb.coordination.keys`. Failures of the backend are
+raised as :class:`scopekb.errors.Transient`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+
+from scopekb.coordination import keys
+from scopekb.errors import Transient
+from scopekb.logging import get_logger
+from scopekb.models import Job
+
+log = get_logger("scopekb.coordination")
+
+
+class LockHeld(Transient):
+    """The repository lock stayed held by another sync for the whole wait (transient: retry later)."""
+
+
+class Coordination(ABC):
+    """The coordination interface (see the module docstring). Subclasses implement the ``_`` primitives.
+
+    Attributes:
+        kind: the backend's name as readiness reports it (``redis``, ``memory``).
+    """
+
+    kind: str = "?"
+
+    # ---- primitives (per backend) ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Raise :class:`Transient` when the backend does not answer."""
+
+    @abstractmethod
+    def eviction_policy(self) -> tuple[str, int]:
+        """``(maxmemory-policy, maxmemory bytes)`` of the backend (0: unlimited). Raises :class:`Transient`."""
+
+    @abstractmethod
+    def _set(self, key: str, value: str, ttl_s: float | None = None, nx: bool = False) -> bool: ...
+
+    @abstractmethod
+    def _get(self, key: str) -> bytes | None: ...
+
+    @abstractmethod
+    def _delete(self, *names: str) -> None: ...
+
+    @abstractmethod
+    def _exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def _any(self, pattern: str) -> bool: ...
+
+    @abstractmethod
+    def _incr(self, key: str, ttl_s: float | None = None, forget: Sequence[str] = ()) -> int:
+        """Delete ``forget``, add one to ``key`` (setting its TTL when given) in one round trip; the new value."""
+
+    @abstractmethod
+    def _extend_if(self, key: str, token: str, ttl_s: float) -> bool: ...
+
+    @abstractmethod
+    def _delete_if(self, key: str, token: str) -> bool: ...
+
+    # ---- delivery claim --------------------------------------------------------------------------------------
+
+    def claim_delivery(self, provider: str, delivery_id: str, ttl_s: int) -> bool:
+        """Atomically claim a webhook delivery id. True the first time within ``ttl_s``, False for a repeat."""
+        return self._set(keys.delivery(provider, delivery_id), "1", ttl_s=ttl_s, nx=True)
+
+    def release_delivery(self, provider: str, delivery_id: str) -> None:
+        """Forget a claimed delivery (enqueueing failed, so the host's retry must not be dropped)."""
+        self._delete(keys.delivery(provider, delivery_id))
+
+    # ---- queued marker ---------------------------------------------------------------------------------------
+
+    def mark_queued(self, job: Job, ttl_s: int) -> None:
+        """Record ``job`` (state queued) until a worker writes its record or ``ttl_s`` passes."""
+        self._set(keys.job_queued(job.id), job.model_dump_json(), ttl_s=ttl_s)
+
+    def queued_job(self, job_id: str) -> Job | None:
+        """The queued marker of ``job_id``, or None."""
+        raw = self._get(keys.job_queued(job_id))
+        return Job.model_validate(json.loads(raw)) if raw else None
+
+    # ---- sources version -------------------------------------------------------------------------------------
+
+    def bump_sources_version(self) -> None:
+        """Tell every ingester that the registered sources changed (best effort: their TTL reload also heals)."""
+        with contextlib.suppress(Transient):
+            self._incr(keys.SOURCES_VERSION)
+
+    def sources_version(self) -> int:
+        """The current sources version (0 when never bumped)."""
+        return int(self._get(keys.SOURCES_VERSION) or 0)
+
+    # ---- file attempts ---------------------------------------------------------------------------------------
+
+    def count_attempt(self, key: str, ttl_s: float, forget: Sequence[str] = ()) -> int:
+        """Count an attempt under ``key`` (kept ``ttl_s``), forgetting the finished ``forget`` keys in the same
+        round trip. Returns the attempts so far, this one included."""
+        return self._incr(key, ttl_s=ttl_s, forget=forget)
+
+    def forget_attempts(self, attempt_keys: Sequence[str]) -> None:
+        """Forget attempt counts (only keys under :data:`keys.FILE_ATTEMPTS_PREFIX` are touched)."""
+        mine = [k for k in attempt_keys if k.startswith(keys.FILE_ATTEMPTS_PREFIX)]
+        if mine:
+            self._delete(*mine)
+
+    # ---- reindex lock ----------------------------------------------------------------------------------------
+
+    def begin_reindex(self, ttl_s: int) -> bool:
+        """Take the reindex lock; False when a reindex already runs."""
+        return self._set(keys.REINDEX_LOCK, "1", ttl_s=ttl_s, nx=True)
+
+    def end_reindex(self) -> None:
+        """Release the reindex lock."""
+        self._delete(keys.REINDEX_LOCK)
+
+    def reindex_running(self) -> bool:
+        """True while ``scopekb reindex`` holds its lock."""
+        return self._exists(keys.REINDEX_LOCK)
+
+    # ---- repository lock -------------------------------------------------------------------------------------
+
+    def repo_locked(self, source_ids: Sequence[str]) -> bool:
+        """True while a sync of this group of sources holds its lock."""
+        return self._exists(keys.repo_lock(source_ids))
+
+    def any_repo_locked(self) -> bool:
+        """True while any sync holds a repository lock."""
+        return self._any(keys.REPO_LOCK_PATTERN)
+
+    @contextlib.contextmanager
+    def repo_lock(self, source_ids: Sequence[str], wait_s: float, ttl_s: float) -> Iterator[None]:
+        """Hold the repository lock of ``source_ids`` (waiting up to ``wait_s``); a thread renews it every
+        ``ttl_s / 3`` while the block runs.
+
+        It expires ``ttl_s`` after the holder stops renewing it, so a worker that died blocks the repository for
+        at most that long - and not at all for a worker on the same host: the lock names its holder (host and
+        pid), and a holder process that no longer exists there is not waited for.
+
+        Raises:
+            LockHeld: not acquired within ``wait_s`` (transient: the task retries later).
+        """
+        name = keys.repo_lock(source_ids)
+        token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+        if not self._set(name, token, ttl_s=ttl_s, nx=True):
+            if self._break_if_holder_dead(name):
+                log.warning("repo_lock_of_dead_process_broken", lock=name)
+            if not self._wait_for(name, token, ttl_s, wait_s):
+                raise LockHeld(f"repository lock {name} is held by another sync")
+        stop = threading.Event()
+        keeper = threading.Thread(target=self._renew, args=(name, token, ttl_s, stop), name="repo-lock-keeper",
+                                  daemon=True)
+        keeper.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            keeper.join(timeout=5)
+            try:
+                if not self._delete_if(name, token):
+                    log.warning("repo_lock_release_failed", lock=name, error="expired or taken meanwhile")
+            except Transient as e:  # the backend restarted: nothing left to free
+                log.warning("repo_lock_release_failed", lock=name, error=str(e))
+
+    def _wait_for(self, name: str, token: str, ttl_s: float, wait_s: float) -> bool:
+        deadline = time.monotonic() + wait_s
+        while not self._set(name, token, ttl_s=ttl_s, nx=True):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def _renew(self, name: str, token: str, ttl_s: float, stop: threading.Event) -> None:
+        while not stop.wait(ttl_s / 3):
+            try:
+                if not self._extend_if(name, token, ttl_s):  # expired or taken: the sync goes on, idempotent
+                    log.warning("repo_lock_lost", lock=name)
+                    return
+            except Transient as e:
+                log.warning("repo_lock_renewal_failed", lock=name, error=str(e))
+
+    def _break_if_holder_dead(self, name: str) -> bool:
+        """Delete the lock ``name`` if its holder is a process of this host that no longer exists."""
+        raw = self._get(name)
+        try:
+            host, pid_s, _ = (raw or b"").decode().split(":", 2)
+            pid = int(pid_s)
+        except ValueError:  # free, or a lock of an older worker (a bare token): wait for its expiry
+            return False
+        if host != socket.gethostname() or pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+            return False  # alive (or reused by another process: then the expiry is waited for)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return False
+        return self._delete_if(name, (raw or b"").decode())

@@ -1,0 +1,298 @@
+"""The application layer: every admin action and "enqueue a sync", written once (DESIGN §13 "one door per action").
+
+REST (``scopekb_query.routes``), MCP (``scopekb_query.mcp_server``), the CLI, the webhook ingester and the
+worker's reconcile call these functions with their process's runtime (:mod:`scopekb.runtime`); none of them
+repeats the logic. Errors are scopekb's own family (:mod:`scopekb.errors`): :class:`Refused` /
+:class:`NotFound` for the caller's mistakes (HTTP 4xx, CLI one line) and :class:`Transient` when the queue or a
+store is unavailable (HTTP 503, the host retries).
+
+Every enqueued sync writes its queued marker first (:meth:`scopekb.coordination.Coordination.mark_queued`), so
+``GET /v1/jobs/{id}`` answers for it from the moment it is accepted, whatever enqueued it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scopekb.auth import ApiKey, new_key
+from scopekb.coordination import keys
+from scopekb.errors import NotFound, Refused, Transient
+from scopekb.logging import get_logger
+from scopekb.models import DeadLetter, Job, KeyCreate, Source, SourceCreate, utcnow
+from scopekb.queue import TASK_SYNC_SOURCES
+from scopekb.runtime import ControlRuntime, Runtime
+from scopekb.sources import validate_repo_url
+from scopekb.status import source_status
+
+log = get_logger("scopekb.ops")
+
+#: Largest document ``upload_document`` takes: this many times ``ingester.max_body_bytes``.
+UPLOAD_BODY_FACTOR = 10
+
+
+# ---- sources -------------------------------------------------------------------------------------------------
+
+def register_source(rt: ControlRuntime, body: SourceCreate, allow_local: bool | None = None) -> Source:
+    """Register a git repository + ref, or an object-store prefix, for a scope; ingesters reload their sources.
+
+    Git clone URLs are validated (https/ssh; no private, loopback or metadata hosts unless allowlisted; local
+    paths only when ``allow_local``, default ``git.allow_local_paths``).
+
+    Raises:
+        scopekb.sources.InvalidRepoUrl: (a :class:`Refused`, 422) the clone URL is refused, with the reason.
+    """
+    url = body.repo_url
+    if body.kind == "git":
+        git = rt.settings.git
+        url = validate_repo_url(body.repo_url, git.allow_local_paths if allow_local is None else allow_local,
+                                git.host_allowlist)
+    src = Source(**{**body.model_dump(), "repo_url": url, "webhook_secret": body.webhook_secret},
+                 id=Source.new_id())
+    rt.records.put_source(src)
+    rt.coord.bump_sources_version()
+    log.info("source_added", source_id=src.id, agent_name=src.agent_name, context_id=src.context_id)
+    return src
+
+
+def get_source(rt: ControlRuntime, source_id: str) -> Source:
+    """The registered source ``source_id``.
+
+    Raises:
+        NotFound: no such source.
+    """
+    src = rt.records.get_source(source_id)
+    if src is None:
+        raise NotFound("source not found")
+    return src
+
+
+def remove_source(rt: Runtime, source_id: str) -> int:
+    """Unregister a source and delete its chunks and sync state. Returns the number of chunks deleted.
+
+    Raises:
+        NotFound: no such source.
+    """
+    get_source(rt, source_id)
+    deleted = rt.chunks.delete_source(source_id)
+    rt.records.delete("state", source_id)
+    rt.records.delete("sources", source_id)
+    rt.coord.bump_sources_version()
+    log.info("source_removed", source_id=source_id, chunks_deleted=deleted)
+    return deleted
+
+
+def source_report(rt: Runtime, src: Source) -> dict[str, Any]:
+    """A source's public fields with its status (:func:`scopekb.status.source_status`)."""
+    return {**src.public(), **source_status(rt.records, rt.chunks, src)}
+
+
+def index_status(rt: Runtime) -> dict[str, Any]:
+    """The live index, its chunk count and every source with its status (``GET /v1/status``)."""
+    return {"index": rt.chunks.live_index(), "chunks": rt.chunks.count(),
+            "sources": [source_report(rt, s) for s in rt.records.list_sources()]}
+
+
+def upload_document(rt: Runtime, source_id: str, name: str, data: bytes, content_type: str | None) -> dict[
+        str, Any]:
+    """Store a document under an object-store source's prefix and enqueue its sync.
+
+    ``name`` is the document's path below the prefix (``runbooks/restart.md``). Returns ``{"status": "queued",
+    "key": <object key>, "job_id": ...}``.
+
+    Raises:
+        NotFound: no such source.
+        Refused: not an object-store source (400), a bad name (422), a body over ``UPLOAD_BODY_FACTOR`` times
+            ``ingester.max_body_bytes`` (413).
+        scopekb.settings.S3NotConfigured: S3 is to be used but has no credentials.
+    """
+    src = get_source(rt, source_id)
+    if src.kind != "s3":
+        raise Refused("documents can only be uploaded to an object-store (s3) source")
+    rel = name.strip().lstrip("/")
+    if not rel or ".." in rel.split("/") or any(ord(c) < 32 for c in rel) or len(rel) > 900:
+        raise Refused("name must be a relative path without '..' or control characters", 422)
+    if len(data) > rt.settings.ingester.max_body_bytes * UPLOAD_BODY_FACTOR:
+        raise Refused("document too large", 413)
+    key = rt.documents(src.bucket, src.prefix or "").put(
+        rel, data, content_type or "application/octet-stream")
+    return {"status": "queued", "key": key, "job_id": sync_source(rt, src, "upload")}
+
+
+# ---- keys ----------------------------------------------------------------------------------------------------
+
+def create_key(rt: ControlRuntime, body: KeyCreate) -> tuple[ApiKey, str]:
+    """Create an agent key. Returns the stored record (only the key's sha256 in it) and the key, shown once."""
+    secret, h = new_key()
+    rec = ApiKey(id="key_" + uuid.uuid4().hex[:12], agent_name=body.agent_name,
+                 context_ids=body.context_ids or None, key_hash=h, label=body.label)
+    rt.records.put("keys", rec.id, rec.model_dump(mode="json"))
+    log.info("key_created", key_id=rec.id, agent_name=rec.agent_name)
+    return rec, secret
+
+
+def list_keys(rt: ControlRuntime) -> list[ApiKey]:
+    """Every key record, oldest first (hashes included: callers drop them before showing)."""
+    return [ApiKey.model_validate(d) for d in rt.records.find("keys", sort="created_at")]
+
+
+def revoke_key(rt: ControlRuntime, key_id: str) -> None:
+    """Revoke a key; this process's key lookup forgets its cache at once (others within its TTL).
+
+    Raises:
+        NotFound: no such key.
+    """
+    d = rt.records.get("keys", key_id)
+    if d is None:
+        raise NotFound("key not found")
+    d["revoked_at"] = utcnow().isoformat()
+    rt.records.put("keys", key_id, d)
+    rt.keys.forget()
+    log.info("key_revoked", key_id=key_id)
+
+
+# ---- syncs and jobs ------------------------------------------------------------------------------------------
+
+def enqueue_sync(rt: ControlRuntime, source_ids: Sequence[str], *, trigger: str, job_id: str | None = None,
+                 ref: str | None = None, to_commit: str | None = None, **task_kwargs: Any) -> str:
+    """Enqueue ``scopekb.sync_sources`` for sources of one repository and ref, after writing its queued marker.
+
+    Args:
+        trigger: why (``webhook``, ``manual``, ``upload``, ``s3-event``, ``reconcile``, ``replay``).
+        job_id: the task and job id; default ``<trigger>-<16 hex>``.
+        ref, to_commit: shown on the queued job until a worker records it.
+        task_kwargs: further task arguments (``after``, ``branch_deleted``, ``delivery_id``, ``verify``).
+
+    Returns:
+        The job id.
+
+    Raises:
+        Transient: the coordination backend or the broker is unavailable.
+    """
+    job_id = job_id or f"{trigger}-{uuid.uuid4().hex[:16]}"
+    ids = list(source_ids)
+    rt.coord.mark_queued(Job(id=job_id, source_ids=ids, ref=ref, to_commit=to_commit, trigger=trigger),
+                         ttl_s=rt.settings.worker.result_expires_s)
+    rt.tasks.send(TASK_SYNC_SOURCES, job_id, {"job_id": job_id, "source_ids": ids, "trigger": trigger,
+                                              **task_kwargs})
+    return job_id
+
+
+def sync_source(rt: ControlRuntime, source: Source | str, trigger: str = "manual") -> str:
+    """Enqueue a sync of one source to its ref's current commit (or its prefix's current listing); the job id.
+
+    Raises:
+        NotFound: ``source`` is an id with no source.
+        Transient: as :func:`enqueue_sync`.
+    """
+    src = get_source(rt, source) if isinstance(source, str) else source
+    return enqueue_sync(rt, [src.id], trigger=trigger, ref=src.ref)
+
+
+@dataclass(frozen=True)
+class SyncSpec:
+    """One sync a delivery asks for: its job id, sources and what the queued job shows; ``task_kwargs`` go to
+    the task as they are."""
+
+    job_id: str
+    source_ids: list[str]
+    trigger: str
+    ref: str | None = None
+    to_commit: str | None = None
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def enqueue_delivery(rt: ControlRuntime, provider: str, delivery_id: str, specs: Sequence[SyncSpec]) -> bool:
+    """Claim a webhook or object-store event delivery once, then enqueue its syncs. False for a repeat.
+
+    If enqueueing fails the claim is released, so the sender's retry is not dropped as a duplicate.
+
+    Raises:
+        Transient: the coordination backend or the broker is unavailable (nothing was claimed).
+    """
+    if not rt.coord.claim_delivery(provider, delivery_id, rt.settings.ingester.dedupe_ttl_s):
+        return False
+    try:
+        for s in specs:
+            enqueue_sync(rt, s.source_ids, trigger=s.trigger, job_id=s.job_id, ref=s.ref, to_commit=s.to_commit,
+                         delivery_id=delivery_id, **s.task_kwargs)
+    except Exception as e:
+        with contextlib.suppress(Exception):  # the backend itself may be the failure; the error below says so
+            rt.coord.release_delivery(provider, delivery_id)
+        raise Transient(f"queue unavailable ({type(e).__name__})") from e
+    return True
+
+
+def get_job(rt: ControlRuntime, job_id: str) -> Job:
+    """A sync job's record; a job no worker has started yet is reported from its queued marker.
+
+    Raises:
+        NotFound: neither a record nor a marker (unknown, or the marker expired).
+    """
+    job = rt.records.get_job(job_id) or rt.coord.queued_job(job_id)
+    if job is None:
+        raise NotFound("job not found")
+    return job
+
+
+def reconcile(rt: ControlRuntime) -> int:
+    """Enqueue a verifying sync for every (repository, ref) with registered sources, except those whose sync
+    runs now (their repository lock is held; the next pass checks them). Returns the number enqueued."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for src in rt.records.list_sources():
+        groups.setdefault((src.repo_url, src.ref), []).append(src.id)
+    stamp = int(time.time())
+    busy = 0
+    for (url, ref), ids in groups.items():
+        if rt.coord.repo_locked(ids):
+            busy += 1
+            continue
+        enqueue_sync(rt, sorted(ids), trigger="reconcile", job_id=f"reconcile-{keys.repo_hash(url + ref)}-{stamp}",
+                     ref=ref, verify=True)
+    log.info("reconcile_enqueued", groups=len(groups) - busy, busy=busy)
+    return len(groups) - busy
+
+
+# ---- dead letters --------------------------------------------------------------------------------------------
+
+def list_dead_letters(rt: ControlRuntime, include_replayed: bool = False) -> list[DeadLetter]:
+    """Tasks parked after failing ``worker.max_retries`` times, newest first; replayed ones only when asked."""
+    out = [DeadLetter.model_validate(d) for d in rt.records.find("deadletters", sort="created_at")]
+    return [d for d in out if include_replayed or d.replayed_at is None]
+
+
+def replay_dead_letter(rt: ControlRuntime, dl_id: str) -> str:
+    """Enqueue a parked task again under a new task/job id (a sync with its queued marker) and mark it
+    replayed. Returns the new job id.
+
+    Raises:
+        NotFound: no dead letter with that id.
+        Transient: as :func:`enqueue_sync`.
+    """
+    d = rt.records.get("deadletters", dl_id)
+    if d is None:
+        raise NotFound("dead letter not found")
+    dl = DeadLetter.model_validate(d)
+    job_id = f"{dl.id}-replay-{uuid.uuid4().hex[:6]}"
+    kwargs = {**dl.kwargs}
+    if "job_id" in kwargs:
+        kwargs["job_id"] = job_id
+    if dl.task == TASK_SYNC_SOURCES:
+        ids = kwargs.pop("source_ids", [])
+        trigger = kwargs.pop("trigger", "webhook")
+        kwargs.pop("job_id", None)
+        enqueue_sync(rt, ids, trigger=trigger, job_id=job_id, **kwargs)
+    else:
+        rt.tasks.send(dl.task, job_id, kwargs)
+    dl.replayed_at = utcnow()
+    rt.records.put("deadletters", dl.id, dl.model_dump(mode="json"))
+    return job_id
+
+
+def replay_all(rt: ControlRuntime) -> list[str]:
+    """Replay every parked task not replayed yet; their new job ids."""
+    return [replay_dead_letter(rt, d.id) for d in list_dead_letters(rt)]

@@ -1,0 +1,179 @@
+"""The query API answers the same in both profiles (issue 17): every test here runs on the embedded profile
+(SQLite stores, in-memory coordination, the in-process broker) and on the distributed one (real OpenSearch and
+Redis under a prefix of their own), through the same in-process app.
+
+Readiness and ``/v1/status`` are among them: in the embedded profile they answered 503 and 500 before issue 17.
+Document upload goes to S3 in the distributed profile and to the data folder in the embedded one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from scopekb.realrepo import git
+from scopekb.settings import Settings
+
+ADMIN = "profiles-admin-" + uuid.uuid4().hex
+PROFILES = ["embedded", "distributed"]
+
+
+def _settings(profile: str, tmp: Path, services: dict[str, Any], run: str) -> Settings:
+    common: dict[str, Any] = {"query": {"admin_token": ADMIN}, "embedding": {"provider": "none"},
+                              "git": {"allow_local_paths": True, "cache_dir": str(tmp / "git")},
+                              "log_format": "json", "log_level": "WARNING", "profile": profile}
+    if profile == "embedded":
+        return Settings(data_dir=tmp / "data", **common)
+    return Settings(opensearch={"url": services["opensearch_url"], "alias": f"{run}-chunks",
+                                "system_prefix": f"{run}-sys"},
+                    redis={"url": services["redis_url"]}, worker={"queue": f"{run}-queue"},
+                    s3={**services["s3_config"], "bucket": run}, **common)
+
+
+@pytest.fixture(params=PROFILES)
+def api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The query app of one profile, an admin client and a local git repository to register."""
+    from scopekb_query.app import create_app
+
+    profile = request.param
+    run = f"prof-{uuid.uuid4().hex[:8]}"
+    services = {name: request.getfixturevalue(name) for name in ("opensearch_url", "redis_url", "s3_config")
+                } if profile == "distributed" else {}
+    s = _settings(profile, tmp_path, services, run)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "lib.py").write_text("def profiles_marker_function():\n    return 'same answer'\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    app = create_app(s)
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            client.headers["Authorization"] = f"Bearer {ADMIN}"
+            yield {"client": client, "rt": app.state.runtime, "repo": repo, "profile": profile}
+    finally:
+        if profile == "distributed":
+            import redis
+
+            rt = app.state.runtime
+            rt.opensearch_client.indices.delete(index=f"{run}-*", ignore_unavailable=True)
+            redis.Redis.from_url(services["redis_url"]).delete(s.worker.queue)
+
+
+def _register(api: dict[str, Any]) -> dict[str, Any]:
+    r = api["client"].post("/v1/sources", json={"agent_name": "prof", "context_id": "c",
+                                                "repo_url": str(api["repo"]), "ref": "main"})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def test_health_and_readiness(api: dict[str, Any]) -> None:
+    c = api["client"]
+    assert c.get("/healthz").json() == {"status": "ok"}
+    r = c.get("/readyz")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["ready"] is True and len(body["checks"]) == 2 and set(body["checks"].values()) == {"ok"}
+    assert "scopekb_query_requests_total" in c.get("/metrics").text
+
+
+def test_status_lists_the_index_and_every_source(api: dict[str, Any]) -> None:
+    src = _register(api)
+    r = api["client"].get("/v1/status")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["index"] and body["chunks"] == 0
+    assert [(s["id"], s["status"]) for s in body["sources"]] == [(src["id"], "EMPTY")]
+
+
+def test_source_lifecycle(api: dict[str, Any]) -> None:
+    c = api["client"]
+    src = _register(api)
+    assert [s["id"] for s in c.get("/v1/sources").json()] == [src["id"]]
+    one = c.get(f"/v1/sources/{src['id']}").json()
+    assert one["status"] == "EMPTY" and one["last_job"] is None and "webhook_secret" not in one
+    assert c.get("/v1/sources/src_missing").status_code == 404
+    r = c.post("/v1/sources", json={"agent_name": "prof", "context_id": "c", "repo_url": "ext::sh -c x"})
+    assert r.status_code == 422 and "remote helpers" in r.json()["detail"]
+    assert c.delete(f"/v1/sources/{src['id']}").json() == {"deleted": True, "chunks_deleted": 0}
+    assert c.delete(f"/v1/sources/{src['id']}").status_code == 404
+
+
+def test_a_queued_sync_is_visible_as_a_job_at_once(api: dict[str, Any]) -> None:
+    c = api["client"]
+    src = _register(api)
+    r = c.post(f"/v1/sources/{src['id']}/sync")
+    assert r.status_code == 202 and r.json()["status"] == "queued"
+    job = c.get(f"/v1/jobs/{r.json()['job_id']}")
+    assert job.status_code == 200, job.text
+    assert job.json()["state"] == "queued" and job.json()["source_ids"] == [src["id"]]
+    assert job.json()["trigger"] == "manual"
+    assert c.get("/v1/jobs/nope").status_code == 404
+    assert c.post("/v1/sources/src_missing/sync").status_code == 404
+
+
+def test_keys_search_and_revocation(api: dict[str, Any]) -> None:
+    from scopekb.indexing import run_sync
+
+    c, rt = api["client"], api["rt"]
+    src = _register(api)
+    run_sync(rt.sync_deps(), "prof-" + uuid.uuid4().hex[:8], [src["id"]], trigger="cli")
+    rt.chunks.refresh()
+    made = c.post("/v1/keys", json={"agent_name": "prof", "context_ids": ["c"], "label": "t"})
+    assert made.status_code == 201
+    key, key_id = made.json()["key"], made.json()["id"]
+    assert [k["id"] for k in c.get("/v1/keys").json()] == [key_id]
+    agent = {"Authorization": f"Bearer {key}"}
+    hits = c.post("/v1/search", json={"query": "profiles_marker_function"}, headers=agent).json()["hits"]
+    assert [h["path"] for h in hits] == ["lib.py"]
+    assert c.post("/v1/search", json={"query": "x", "context_id": "other"}, headers=agent).status_code == 403
+    assert c.post("/v1/search", json={"query": "x"}).status_code == 403  # the admin token does not search
+    assert c.get("/v1/status").json()["chunks"] >= 1
+    assert c.delete(f"/v1/keys/{key_id}").json() == {"revoked": True}
+    assert c.post("/v1/search", json={"query": "x"}, headers=agent).status_code == 401
+    assert c.delete("/v1/keys/key_missing").status_code == 404
+
+
+def test_admin_routes_need_the_admin_token(api: dict[str, Any]) -> None:
+    c = api["client"]
+    assert c.get("/v1/sources", headers={"Authorization": ""}).status_code == 401
+    assert c.get("/v1/sources", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_dead_letters_list_and_replay(api: dict[str, Any]) -> None:
+    from scopekb.models import DeadLetter
+
+    c, rt = api["client"], api["rt"]
+    src = _register(api)
+    dl = DeadLetter(id="dl-" + uuid.uuid4().hex[:8], task="scopekb.sync_sources",
+                    kwargs={"job_id": "old", "source_ids": [src["id"]], "trigger": "manual"}, error="boom",
+                    attempts=3)
+    rt.records.put("deadletters", dl.id, dl.model_dump(mode="json"))
+    assert [d["id"] for d in c.get("/v1/deadletters").json()] == [dl.id]
+    r = c.post(f"/v1/deadletters/{dl.id}/replay")
+    assert r.status_code == 202 and r.json()["job_id"].startswith(dl.id + "-replay-")
+    assert c.get(f"/v1/jobs/{r.json()['job_id']}").json()["state"] == "queued"
+    assert c.get("/v1/deadletters").json() == []
+    assert c.post("/v1/deadletters/replay").json() == {"status": "queued", "job_ids": []}
+    assert c.post("/v1/deadletters/missing/replay").status_code == 404
+
+
+def test_document_upload_to_an_object_store_source(api: dict[str, Any]) -> None:
+    """S3 in the distributed profile, the data folder in the embedded one (issue 16): the same answers."""
+    c = api["client"]
+    r = c.post("/v1/sources", json={"agent_name": "prof", "context_id": "docs", "kind": "s3", "prefix": "runbooks"})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    up = c.post(f"/v1/sources/{sid}/documents?name=restart.md", content=b"# Restart\n",
+                headers={"content-type": "text/markdown"})
+    assert up.status_code == 202, up.text
+    assert up.json()["key"] == "runbooks/restart.md" and up.json()["status"] == "queued"
+    assert c.get(f"/v1/jobs/{up.json()['job_id']}").json()["trigger"] == "upload"
+    assert c.post(f"/v1/sources/{sid}/documents?name=../x.md", content=b"x").status_code == 422
+    git_src = _register(api)
+    assert c.post(f"/v1/sources/{git_src['id']}/documents?name=a.md", content=b"x").status_code == 400
