@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from scopekb.http.unicode import LONE_SURROGATE, lone_surrogate_at
 from scopekb.models import ZERO_SHA
 from scopekb.render import one_line
 
@@ -127,7 +128,7 @@ def decode_body(body: bytes, content_type: str | None) -> dict[str, Any]:
     """Decode a webhook body: JSON, or form-encoded with the JSON in ``payload=`` (GitHub's form option).
 
     Raises:
-        BadRequest: not decodable, or not a JSON object.
+        BadRequest: not decodable, not a JSON object, or a string in it holds a lone UTF-16 surrogate.
     """
     ctype = (content_type or "").split(";")[0].strip().lower()
     try:
@@ -144,6 +145,9 @@ def decode_body(body: bytes, content_type: str | None) -> dict[str, Any]:
         raise BadRequest("body is not valid JSON") from None
     if not isinstance(data, dict):
         raise BadRequest("body must be a JSON object")
+    where = lone_surrogate_at(data)
+    if where:  # e.g. "\\ud800" in a form-encoded payload: not valid Unicode, unusable as a name or ref
+        raise BadRequest(f"{where}: {LONE_SURROGATE}")
     return data
 
 

@@ -1,0 +1,162 @@
+"""Input that is not valid Unicode never becomes a 5xx (issue 15 item 2).
+
+JSON allows ``"\\ud800"``: a lone UTF-16 surrogate, which Python decodes into a ``str`` that cannot be encoded
+as UTF-8. Echoed in an error body (FastAPI's 422 carries the input), written to SQLite or rendered in a 200
+answer, it raised ``UnicodeEncodeError`` and the client got a 500. Likewise a body that is not UTF-8, sent with a
+content type FastAPI does not parse as JSON, reached FastAPI's 422 as ``bytes`` and failed to decode. Three parts,
+each used by the query service and the ingester (which may not import each other):
+
+- :class:`LoneSurrogateMiddleware`: a JSON request body whose strings hold a lone surrogate is answered 400
+  naming where (``body.query``) before any route sees it;
+- :func:`safe_validation_response`: FastAPI's 422 with every echoed ``input`` made printable and bounded
+  (bytes decoded with escapes, surrogates escaped, long values cut);
+- :class:`SafeJSONResponse`: the apps' default response class, whose encoding cannot fail on a lone surrogate
+  (written as the JSON escape ``\\ud800`` it came in as).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: A JSON escape of a surrogate code point (paired or not): only bodies containing one are parsed here.
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+#: Request bodies never scanned: forms (parsed by their routes) and raw uploads.
+_NOT_JSON = ("application/x-www-form-urlencoded", "multipart/form-data", "application/octet-stream", "text/")
+#: Longest echoed input kept in a 422 answer, in characters.
+MAX_ECHO_CHARS = 200
+LONE_SURROGATE = "text has a lone UTF-16 surrogate (such as \\ud800), which is not valid Unicode"
+
+
+def _is_surrogate(ch: str) -> bool:
+    return "\ud800" <= ch <= "\udfff"
+
+
+def lone_surrogate_at(value: Any, where: str = "body") -> str | None:
+    """Where the first string (value or key) of decoded JSON ``value`` holding a lone surrogate is
+    (``body.query``, ``body.items.2``), or None."""
+    if isinstance(value, str):
+        return where if any(_is_surrogate(c) for c in value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if any(_is_surrogate(c) for c in k):
+                return where
+            found = lone_surrogate_at(v, f"{where}.{k}")
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = lone_surrogate_at(v, f"{where}.{i}")
+            if found:
+                return found
+    return None
+
+
+def printable(value: Any, max_chars: int = MAX_ECHO_CHARS) -> Any:
+    """``value`` made safe to echo in JSON: bytes decoded as UTF-8 with ``\\xNN`` escapes, lone surrogates as
+    ``\\udNNN`` escapes, strings cut at ``max_chars`` (``…``), containers bounded to 20 items, recursively."""
+    if isinstance(value, bytes):
+        value = value[: max_chars * 4].decode("utf-8", "backslashreplace")
+    if isinstance(value, str):
+        cut = len(value) > max_chars
+        s = value[:max_chars]
+        if any(_is_surrogate(c) for c in s):
+            s = "".join(f"\\u{ord(c):04x}" if _is_surrogate(c) else c for c in s)
+        return s + ("…" if cut else "")
+    if isinstance(value, dict):
+        return {printable(str(k), 100): printable(v, max_chars) for k, v in list(value.items())[:20]}
+    if isinstance(value, list | tuple | set):
+        return [printable(v, max_chars) for v in list(value)[:20]]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return printable(str(value), max_chars)
+
+
+class SafeJSONResponse(JSONResponse):
+    """FastAPI's JSON response whose encoding never fails: a lone surrogate in the content is written as its JSON
+    escape (``\\ud800``) instead of raising ``UnicodeEncodeError``."""
+
+    def render(self, content: Any) -> bytes:
+        """JSON text of ``content`` as UTF-8 (compact, no NaN)."""
+        return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                          separators=(",", ":")).encode("utf-8", "backslashreplace")
+
+
+async def safe_validation_response(_: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 answer (``{"detail": [{"type", "loc", "msg", "input", "ctx"?}]}``) with every value made
+    :func:`printable`, so echoing the input can neither fail nor return megabytes. Register it with
+    ``app.add_exception_handler(RequestValidationError, safe_validation_response)``."""
+    errors = []
+    for e in exc.errors():
+        item = {"type": printable(e.get("type")), "loc": [printable(x, 100) for x in e.get("loc", ())],
+                "msg": printable(e.get("msg"), 500), "input": printable(e.get("input"))}
+        if e.get("ctx"):
+            item["ctx"] = printable(jsonable_encoder(printable(e["ctx"])))
+        errors.append(item)
+    return SafeJSONResponse({"detail": errors}, status_code=422)
+
+
+class LoneSurrogateMiddleware:
+    """Answer 400 to a JSON request body whose strings hold a lone surrogate (see the module docstring).
+
+    Bodies of forms and raw uploads pass untouched; other bodies are read (the caps of
+    :class:`scopekb.http.RequestLimitsMiddleware`, placed outside this one, bound them) and handed to the app
+    unchanged. Only a body containing a ``\\uD8xx``-``\\uDFxx`` escape is parsed here.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Check the body of POST/PUT/PATCH requests, then pass the request on."""
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        ctype = ""
+        for k, v in scope.get("headers") or ():
+            if k.lower() == b"content-type":
+                ctype = v.decode("latin-1").split(";")[0].strip().lower()
+        if ctype.startswith(_NOT_JSON):
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        body = bytearray()
+        while True:
+            msg = await receive()
+            messages.append(msg)
+            if msg["type"] != "http.request":
+                break
+            body += msg.get("body", b"")
+            if not msg.get("more_body", False):
+                break
+        if _ESCAPED_SURROGATE.search(body):
+            try:
+                where = lone_surrogate_at(json.loads(bytes(body)))
+            except ValueError:
+                where = None  # not JSON: the route answers it
+            if where:
+                data = json.dumps({"detail": f"{where}: {LONE_SURROGATE}"}).encode()
+                await send({"type": "http.response.start", "status": 400, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+                await send({"type": "http.response.body", "body": data, "more_body": False})
+                return
+        pending = iter(messages)
+
+        async def replay() -> Message:
+            msg = next(pending, None)
+            return msg if msg is not None else await receive()
+
+        await self.app(scope, replay, send)
