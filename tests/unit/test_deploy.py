@@ -454,6 +454,17 @@ def test_init_job_is_a_pre_install_and_pre_upgrade_hook(rendered: dict[str, list
             assert case == "all-features" and secret_name == "scopekb-credentials"
 
 
+def test_no_container_lists_an_env_name_twice(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """A name listed twice is one the API server warns about ("hides previous definition") and a patch may drop;
+    the init Job's inline settings step aside for names an extraEnv sets again (found by tests/k8s)."""
+    for case, docs in rendered.items():
+        for doc in docs:
+            for c in _containers(doc):
+                names = [e["name"] for e in c.get("env", [])]
+                twice = sorted({n for n in names if names.count(n) > 1})
+                assert not twice, f"{case}: {doc['kind']}/{doc['metadata']['name']} ({c['name']}) lists {twice} twice"
+
+
 def test_existing_secret_is_used_everywhere(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["all-features"]
     assert not _by_kind(docs, "Secret"), "with secrets.existingSecret the chart creates no Secret"

@@ -254,9 +254,17 @@ containers:
     {{- end }}
     env:
       {{- if .job }}
+      {{- /* an inline setting that an env list below sets again is left out: a name listed twice is one the
+             API server warns about and a patch may drop */}}
+      {{- $later := dict }}
+      {{- range (concat (default (list) .env) (default (list) $v.extraEnv) (default (list) $c.extraEnv)) }}
+      {{- $_ := set $later .name true }}
+      {{- end }}
       {{- range $k, $val := (include "scopekb.configData" $root | fromJson) }}
+      {{- if not (hasKey $later $k) }}
       - name: {{ $k }}
         value: {{ $val | quote }}
+      {{- end }}
       {{- end }}
       {{- end }}
       {{- include "scopekb.secretEnv" (dict "root" $root "secretName" .secretName) | trim | nindent 6 }}
