@@ -283,8 +283,10 @@ def parse_gitlab(event: str, data: dict[str, Any]) -> Parsed:
         _strs(repository, "git_http_url", "git_ssh_url", "homepage", "url")
     name = project.get("path_with_namespace") if isinstance(project.get("path_with_namespace"), str) else None
     repo = Repository(urls, name)
-    owner = (_name(project.get("namespace")) or _name(data.get("group_path")) or _name(data.get("full_path"))
-             or (name.rsplit("/", 1)[0] if name and "/" in name else None))
+    # The group a project or group event belongs to: the project's namespace path, else the group of a group
+    # hook (a member's group, a new subgroup's parent).
+    owner = ((name.rsplit("/", 1)[0] if name and "/" in name else None) or _name(data.get("group_path"))
+             or _name(data.get("parent_full_path")) or _name(data.get("full_path")))
     is_push = event in GITLAB_PUSH_EVENTS or (event == "System Hook" and data.get("event_name") in
                                               ("push", "tag_push"))
     if event in GITLAB_TEST_EVENTS:

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from scopekb import ops
 from scopekb.logging import bind_context, clear_context, get_logger
 from scopekb.models import Source
-from scopekb.sources import matching_sources
+from scopekb.sources import matching_sources, sources_of_owner
 from scopekb_ingester.providers import PROVIDERS, BadRequest, Parsed, Provider, decode_body
 from scopekb_ingester.state import Ingester, ingester
 
@@ -144,15 +144,15 @@ def _process(ing: Ingester, provider: str, prov: Provider, raw: bytes, headers: 
     if isinstance(eligible, JSONResponse):
         return eligible
     if parsed.kind == "ping":
-        WEBHOOKS.labels(provider, "ping").inc()
-        return JSONResponse({"status": "pong"}, status_code=200)
+        return _pong(provider, parsed, eligible)
     work = [(push, [s for s in eligible if push.branch is not None and s.ref == push.branch])
             for push in parsed.pushes]
     work = [(push, targets) for push, targets in work if targets]
     if parsed.kind == "ignored" or not work:
+        reason = parsed.reason if parsed.kind == "ignored" and parsed.reason else "no source tracks this ref"
         WEBHOOKS.labels(provider, "ignored").inc()
-        log.info("webhook_ignored", refs=[p.ref for p in parsed.pushes], reason="no source tracks this ref")
-        return JSONResponse({"status": "ignored", "reason": "no source tracks this ref"}, status_code=202)
+        log.info("webhook_ignored", refs=[p.ref for p in parsed.pushes], reason=reason)
+        return JSONResponse({"status": "ignored", "reason": reason}, status_code=202)
     specs = [ops.SyncSpec(job_id=delivery if len(work) == 1 else f"{delivery}:{n}",
                           source_ids=[s.id for s in targets], trigger="webhook", ref=push.branch,
                           to_commit=None if push.deleted else push.after,
@@ -167,26 +167,55 @@ def _process(ing: Ingester, provider: str, prov: Provider, raw: bytes, headers: 
                          "sources": sorted({s.id for _, t in work for s in t})}, status_code=202)
 
 
+def _pong(provider: str, parsed: Parsed, eligible: list[Source]) -> JSONResponse:
+    """200 to a host's ping or test event, naming the hook (from the payload's validated fields, else the host)
+    and what it belongs to, so the host shows the new hook as working from its first delivery."""
+    WEBHOOKS.labels(provider, "ping").inc()
+    log.info("webhook_ping", hook=parsed.hook, repository=parsed.repository.full_name, owner=parsed.owner)
+    return JSONResponse({"status": "pong", "hook": parsed.hook or f"{provider} webhook",
+                         "repository": parsed.repository.full_name, "owner": parsed.owner,
+                         "sources": len(eligible)}, status_code=200)
+
+
+def _candidates(sources: list[Source], parsed: Parsed) -> list[Source]:
+    """The registered sources a delivery may concern: those of its repository; for a ping or an event scopekb
+    does not act on, else those of its organisation, group or workspace (an organisation hook); for a ping that
+    names neither (Bitbucket Server's test connection), every source with a secret (the signature decides)."""
+    repo = parsed.repository
+    found = matching_sources(sources, repo.urls, [repo.full_name]) if repo.urls or repo.full_name else []
+    if found or parsed.kind == "push":
+        return found
+    if parsed.owner:
+        return sources_of_owner(sources, parsed.owner)
+    if parsed.kind == "ping" and not (repo.urls or repo.full_name):
+        return [s for s in sources if s.secrets()]
+    return []
+
+
 def _eligible(ing: Ingester, provider: str, prov: Provider, parsed: Parsed, raw: bytes,
               headers: dict[str, str]) -> list[Source] | JSONResponse:
-    """The registered sources of the payload's repository whose own secret (current or previous, during
-    rotation) signed this body; or the answer: 503 registry down, 404 unknown repository, 401 bad signature."""
+    """The registered sources the delivery concerns (:func:`_candidates`) whose own secret (current or previous,
+    during rotation) signed this body; or the answer: 503 registry down, 404 unknown repository, 401 bad
+    signature."""
     repo = parsed.repository
     cached = _sources(ing, provider)
     if isinstance(cached, JSONResponse):
         return cached
-    found = matching_sources(cached, repo.urls, [repo.full_name])
+    found = _candidates(cached, parsed)
     if not found:
         fresh = _sources(ing, provider, force=True)
         if isinstance(fresh, JSONResponse):
             return fresh
-        found = matching_sources(fresh, repo.urls, [repo.full_name])
+        found = _candidates(fresh, parsed)
     if not found:
-        log.info("webhook_unknown_repository", repository=repo.full_name)
+        log.info("webhook_unknown_repository", repository=repo.full_name, owner=parsed.owner)
         return _err(404, "not found", provider, "unknown_repo")
     sig = prov.header(headers, prov.signature_headers)
     eligible = [s for s in found if not s.secrets() or prov.verify(s.secrets(), raw, sig)]
     if not eligible:
-        log.warning("webhook_bad_signature", repository=repo.full_name)
+        log.warning("webhook_bad_signature", repository=repo.full_name, owner=parsed.owner)
+        anonymous = not (repo.urls or repo.full_name or parsed.owner)
+        if anonymous:  # a ping naming nothing that no secret signed: as unknown as an unknown repository
+            return _err(404, "not found", provider, "unknown_repo")
         return _err(401, "invalid signature", provider, "bad_signature")
     return eligible

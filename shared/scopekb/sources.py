@@ -108,11 +108,15 @@ def normalise_repo(url: str) -> str:
 
 def matching_sources(sources: Iterable[Source], urls: Iterable[str | None],
                      full_names: Iterable[str | None]) -> list[Source]:
-    """Sources whose clone URL or ``repo_name`` matches a payload's repository URLs or full names."""
-    keys = {normalise_repo(u) for u in urls if u}
-    names = {n for n in full_names if n}
-    return [s for s in sources
-            if normalise_repo(s.repo_url) in keys or (s.repo_name is not None and s.repo_name in names)]
+    """Sources whose clone URL or ``repo_name`` matches a payload's repository URLs or full names.
+
+    Compared without case: git hosts resolve owner and repository names case-insensitively, and their payloads
+    spell them as the owner last did (``octocoders/hello-world`` for ``Octocoders/Hello-World``).
+    """
+    keys = {normalise_repo(u).lower() for u in urls if u}
+    names = {n.lower() for n in full_names if n}
+    return [s for s in sources if normalise_repo(s.repo_url).lower() in keys
+            or (s.repo_name is not None and s.repo_name.lower() in names)]
 
 
 def webhook_secret_for(body: SourceCreate) -> tuple[SecretStr | None, str | None]:
