@@ -41,6 +41,68 @@ OPENSEARCH_IMAGE = os.environ.get("SCOPEKB_TEST_OPENSEARCH_IMAGE", "opensearchpr
 REDIS_IMAGE = os.environ.get("SCOPEKB_TEST_REDIS_IMAGE", "redis:7.0")
 SEAWEEDFS_IMAGE = os.environ.get("SCOPEKB_TEST_SEAWEEDFS_IMAGE", "chrislusf/seaweedfs:4.48")
 
+# ---- skip policy (issue 18): with SCOPEKB_ALLOWED_SKIPS set (.ci/run), a skip not on the list fails the run -----
+
+_SKIPPED: list[tuple[str, str]] = []  # (node id, skip message) of this session
+_ALLOWED_KEY = pytest.StashKey[list | None]()  # the parsed allow-list, None when not checking
+
+
+def _skip_message(report: pytest.CollectReport | pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from tests import skips
+
+    path = os.environ.get(skips.ENV)
+    config.stash[_ALLOWED_KEY] = None
+    if path:
+        try:
+            config.stash[_ALLOWED_KEY] = skips.load(Path(str(config.rootpath)) / path)
+        except (OSError, ValueError) as e:
+            raise pytest.UsageError(f"{skips.ENV}: {e}") from None
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped:
+        _SKIPPED.append((report.nodeid, _skip_message(report)))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPPED.append((report.nodeid, _skip_message(report)))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests import skips
+
+    allowed = session.config.stash.get(_ALLOWED_KEY, None)
+    if allowed is not None and skips.unexpected(_SKIPPED, allowed) and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    from tests import skips
+
+    allowed = config.stash.get(_ALLOWED_KEY, None)
+    tr = terminalreporter
+    if allowed is None:
+        if _SKIPPED:
+            tr.write_line(f"skipped tests: {len(_SKIPPED)} (no allow-list checked; .ci/run sets {skips.ENV})")
+        return
+    bad = skips.unexpected(_SKIPPED, allowed)
+    tr.write_line(f"skipped tests: {len(_SKIPPED)} ({len(_SKIPPED) - len(bad)} on the allow-list "
+                  f"{os.environ.get(skips.ENV)}, {len(bad)} not)")
+    for nid, msg in bad:
+        tr.write_line(f"SKIP NOT ALLOWED: {nid}: {msg}", red=True)
+    if bad:
+        tr.write_line(f"a skip in CI is a failure: make the test run, or add '<node id pattern> | <reason>' to "
+                      f"{os.environ.get(skips.ENV)}", red=True)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test under a tests/integration folder is an integration test (`-m "not integration"` skips
     them). Decided by path, not by this file's location, so the hook is right wherever it is loaded from."""

@@ -16,7 +16,7 @@ from scopekb.chunking import chunk_with_report, embedding_text
 from scopekb.chunking.tokens import EstimateCounter, HFTokenizerCounter
 from scopekb.filetypes import language_for
 from scopekb.settings import ChunkingSettings
-from tests.unit.test_chunking_support import check_chunks, code_cell, markdown_cell, notebook_json, npm_package, sdist
+from tests.unit.test_chunking_support import check_chunks, code_cell, markdown_cell, notebook_json, sdist, vendored
 
 LANGUAGES = ["python", "javascript", "typescript", "tsx", "go", "rust", "java", "c", "cpp", "csharp", "ruby", "php",
              "kotlin", "bash", "markdown", "notebook", "text"]
@@ -121,8 +121,7 @@ def test_generated_notebooks(cells: list[tuple[bool, str]], cfg: ChunkingSetting
 
 @lru_cache(maxsize=1)
 def _real_files() -> tuple[Path, ...]:
-    roots = [sdist("click", "8.1.0"), npm_package("express", "4.18.2"), npm_package("rxjs", "7.8.1"),
-             npm_package("react-native-screens", "3.29.0")]
+    roots = [sdist("click", "8.1.0"), vendored("express"), vendored("rxjs"), vendored("screens")]
     exts = (".py", ".js", ".ts", ".tsx", ".java", ".kt", ".cpp", ".md", ".rst")
     files = [p for r in roots for p in sorted(r.rglob("*")) if p.suffix in exts and p.is_file()
              and "/dist/" not in str(p)]

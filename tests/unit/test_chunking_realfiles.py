@@ -1,12 +1,13 @@
-"""Syntax-aware chunking on released sources of real projects, downloaded once into .services/cache/chunking.
+"""Syntax-aware chunking on released sources of real projects.
 
 Python expectations come from the ``ast`` module; for the other languages a few known definitions are located by
 searching the file text (the definition's first line, and its end as the first later line at the same
 indentation that only closes the block). Every file is also checked against the chunking invariants.
-Sources: click 8.1.0 (sdist), MarkupSafe 2.1.3 (C), greenlet 3.0.3 (C++), pythonnet 3.0.3 (C#), express 4.18.2
-(npm, JavaScript), rxjs 7.8.1 (npm, TypeScript), react-native-screens 3.29.0 (npm, Java and Kotlin), semver
-1.0.20 (crate, Rust), the Go toolchain's own sources (GOROOT), Debian's ruby-rack, php-psr-log and
-bash-completion packages.
+Sources: click 8.1.0 (sdist), MarkupSafe 2.1.3 (C), greenlet 3.0.3 (C++), pythonnet 3.0.3 (C#), downloaded once
+into .services/cache/chunking with pip; and, vendored with their licences under tests/data/realfiles (see its
+README.md) so they run offline and in CI: express 4.18.2 (JavaScript), rxjs 7.8.1 (TypeScript),
+react-native-screens 3.29.0 (Java and Kotlin), semver 1.0.20 (Rust), Go 1.26's ``strings`` package, Debian's
+ruby-rack, php-psr-log and bash-completion packages.
 """
 
 from __future__ import annotations
@@ -21,14 +22,7 @@ from scopekb.chunking import chunk_with_report
 from scopekb.filetypes import language_for
 from scopekb.models import Chunk
 from scopekb.settings import ChunkingSettings
-from tests.unit.test_chunking_support import (
-    cargo_crate,
-    check_chunks,
-    deb_package,
-    goroot,
-    npm_package,
-    sdist,
-)
+from tests.unit.test_chunking_support import check_chunks, sdist, vendored
 
 CFG = ChunkingSettings()
 _LEAD = re.compile(r"^\s*(?:$|//|/\*|\*|#|@|\[|<!--)")  # comment / annotation / attribute lines above a def
@@ -169,27 +163,22 @@ CASES: list[dict] = [
 ]
 
 _SOURCES = {
-    "express": lambda: npm_package("express", "4.18.2"),
-    "rxjs": lambda: npm_package("rxjs", "7.8.1"),
-    "screens": lambda: npm_package("react-native-screens", "3.29.0"),
-    "go": goroot,
-    "semver": lambda: cargo_crate("semver", "1.0.20"),
+    "express": lambda: vendored("express"),
+    "rxjs": lambda: vendored("rxjs"),
+    "screens": lambda: vendored("screens"),
+    "go": lambda: vendored("go"),
+    "semver": lambda: vendored("semver"),
     "markupsafe": lambda: sdist("markupsafe", "2.1.3"),
     "greenlet": lambda: sdist("greenlet", "3.0.3"),
     "pythonnet": lambda: sdist("pythonnet", "3.0.3"),
-    "rack": lambda: deb_package("ruby-rack"),
-    "psr-log": lambda: deb_package("php-psr-log"),
-    "bash-completion": lambda: deb_package("bash-completion"),
+    "rack": lambda: vendored("rack"),
+    "psr-log": lambda: vendored("psr-log"),
+    "bash-completion": lambda: vendored("bash-completion"),
 }
 
 
 def _source_path(source: str, rel: str) -> Path:
-    root = _SOURCES[source]()
-    if source == "rack":  # the Debian revision names the gem folder; find it rather than pin it
-        found = sorted(root.glob(f"usr/share/rubygems-integration/all/gems/rack-*/{rel}"))
-        assert found, f"rack {rel} not in the package"
-        return found[-1]
-    return root / rel
+    return _SOURCES[source]() / rel
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c['src']}:{c['symbol']}" for c in CASES])
@@ -207,9 +196,8 @@ def test_known_definition(case: dict) -> None:
 def test_every_file_of_each_source_keeps_the_invariants() -> None:
     """All source files of a few projects: invariants hold, and most files are chunked by syntax."""
     roots = {
-        "python": sdist("click", "8.1.0"), "javascript": npm_package("express", "4.18.2"),
-        "java+kotlin": npm_package("react-native-screens", "3.29.0"), "rust": cargo_crate("semver", "1.0.20"),
-        "csharp": sdist("pythonnet", "3.0.3"), "ruby": deb_package("ruby-rack"),
+        "python": sdist("click", "8.1.0"), "javascript": vendored("express"), "java+kotlin": vendored("screens"),
+        "rust": vendored("semver"), "csharp": sdist("pythonnet", "3.0.3"), "ruby": vendored("rack"),
     }
     exts = (".py", ".js", ".java", ".kt", ".rs", ".cs", ".rb")
     for name, root in roots.items():

@@ -129,20 +129,6 @@ def sdist(name: str, version: str) -> Path:
     return _extract(archive, out)
 
 
-def npm_package(name: str, version: str) -> Path:
-    """Contents of a released npm package (``npm pack``), cached."""
-    safe = name.replace("/", "__").replace("@", "")
-    out = CACHE / f"npm-{safe}-{version}"
-    if out.is_dir():
-        return out
-    dl = CACHE / "downloads" / f"npm-{safe}-{version}"
-    if not dl.is_dir() or not any(dl.glob("*.tgz")):
-        if shutil.which("npm") is None:
-            pytest.skip("npm is not installed")
-        _download(["npm", "pack", "--silent", f"{name}@{version}"], dl, f"{name}@{version}")
-    return _extract(next(dl.glob("*.tgz")), out)
-
-
 def notebook_json(cells: list[dict], language: str = "python") -> str:
     """A notebook in nbformat's layout (indent 1, one source line per JSON line)."""
     nb = {"cells": cells, "metadata": {"kernelspec": {"language": language, "name": language}},
@@ -160,50 +146,13 @@ def markdown_cell(source: str) -> dict:
     return {"cell_type": "markdown", "metadata": {}, "source": source.splitlines(keepends=True)}
 
 
-def cargo_crate(name: str, version: str) -> Path:
-    """Source of a released crate (``cargo vendor`` of a throw-away manifest), cached."""
-    out = CACHE / f"crate-{name}-{version}"
-    if out.is_dir():
-        return out
-    if shutil.which("cargo") is None:
-        pytest.skip("cargo is not installed")
-    work = CACHE / "downloads" / f"crate-{name}-{version}"
-    (work / "src").mkdir(parents=True, exist_ok=True)
-    (work / "src" / "lib.rs").write_text("")
-    (work / "Cargo.toml").write_text(f'[package]\nname = "probe"\nversion = "0.0.0"\nedition = "2021"\n\n'
-                                     f'[dependencies]\n{name} = "={version}"\n')
-    _download(["cargo", "vendor", "--quiet", "vendor"], work, f"crate {name} {version}")
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(work / "vendor" / name, tmp)
-    os.replace(tmp, out)
-    return out
+REALFILES = REPO / "tests" / "data" / "realfiles"
 
 
-def deb_package(name: str) -> Path:
-    """Files of a Debian package (``apt-get download`` + ``dpkg-deb -x``; version as the archive has it)."""
-    out = CACHE / f"deb-{name}"
-    if out.is_dir():
-        return out
-    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        pytest.skip("apt-get/dpkg-deb not available")
-    dl = CACHE / "downloads" / f"deb-{name}"
-    if not dl.is_dir() or not any(dl.glob("*.deb")):
-        _download(["apt-get", "download", "-q", name], dl, f"Debian package {name}")
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    subprocess.run(["dpkg-deb", "-x", str(next(dl.glob("*.deb"))), str(tmp)], check=True, capture_output=True)
-    os.replace(tmp, out)
-    return out
-
-
-def goroot() -> Path:
-    """The Go toolchain's own released sources (GOROOT/src), when Go is installed."""
-    go = shutil.which("go")
-    if go is None:
-        pytest.skip("go is not installed")
-    root = subprocess.run([go, "env", "GOROOT"], capture_output=True, text=True, check=True).stdout.strip()
-    src = Path(root) / "src"
-    if not (src / "strings" / "strings.go").is_file():
-        pytest.skip("GOROOT has no sources")
-    return src
+def vendored(name: str) -> Path:
+    """Root of small real files vendored under tests/data/realfiles (origin, version and licence of each in its
+    README.md): released npm packages, a Rust crate, the Go toolchain and Debian packages, so the real-file tests
+    run offline and in CI without npm, cargo, go or apt."""
+    root = REALFILES / name
+    assert root.is_dir(), f"{root} missing"
+    return root
