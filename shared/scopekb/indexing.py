@@ -53,8 +53,7 @@ from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobState, Source, utcnow
 from scopekb.patterns import GITATTRIBUTES_LIMITS, usable_globs
 from scopekb.settings import Settings, git_cache_dir
-from scopekb.stores.base import BulkReport, ChunkStore
-from scopekb.stores.records import RecordStore
+from scopekb.stores.base import BulkReport, ChunkStore, RecordStore
 
 log = get_logger(__name__)
 

@@ -32,9 +32,9 @@ from scopekb.indexing import SyncDeps
 from scopekb.logging import get_logger
 from scopekb.queue import make_celery
 from scopekb.settings import Settings, is_embedded
-from scopekb.stores.base import ChunkStore
+from scopekb.stores.base import ChunkStore, RecordStore
 from scopekb.stores.opensearch import OpenSearchChunkStore, make_client
-from scopekb.stores.records import OpenSearchRecordStore, RecordStore
+from scopekb.stores.records import OpenSearchRecordStore
 
 log = get_logger(__name__)
 

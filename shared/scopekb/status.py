@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from scopekb.models import Source
-from scopekb.stores.base import ChunkStore
-from scopekb.stores.records import RecordStore
+from scopekb.stores.base import ChunkStore, RecordStore
 
 
 def source_status(records: RecordStore, chunks: ChunkStore, src: Source) -> dict[str, Any]:

@@ -144,8 +144,8 @@ def test_unchanged_rewrite_skips_tokenising(store: SqliteChunkStore, monkeypatch
     docs = [doc("a", f"f{i}.py", f"someFunction_{i} body text", vec=[1, i, 0, 0]) for i in range(300)]
     assert store.bulk_write(docs).written == 300
     calls = []
-    real = S._fts_text
-    monkeypatch.setattr(S, "_fts_text", lambda t: calls.append(t) or real(t))
+    real = S.fts_text
+    monkeypatch.setattr(S.chunks, "fts_text", lambda t: calls.append(t) or real(t))  # where bulk_write looks
     assert store.bulk_write(docs).written == 300  # identical: skipped
     newer = [{**d, F.INDEXED_AT: "2026-02-01T00:00:00+00:00", F.COMMIT: "f" * 40} for d in docs]
     assert store.bulk_write(newer).written == 300  # stored fields change, searchable text does not
@@ -184,7 +184,7 @@ def test_vector_cache_matches_direct_reads_and_follows_writes(store: SqliteChunk
     store.bulk_write([doc("a" if i % 2 else "b", f"f{i}.py", f"chunk {i}", vec=vecs[i]) for i in range(200)])
     q = rng.standard_normal(DIM)
     direct = store.vector_search(q, everything(), 10)
-    monkeypatch.setattr(S, "_DIRECT_READ_MAX", 0)
+    monkeypatch.setattr(S.chunks, "_DIRECT_READ_MAX", 0)
     cached = store.vector_search(q, everything(), 10)
     assert [h[0] for h in cached] == [h[0] for h in direct]
     assert [h[1] for h in cached] == pytest.approx([h[1] for h in direct])

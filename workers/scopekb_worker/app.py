@@ -40,7 +40,7 @@ from scopekb.logging import bind_context, clear_context, configure_logging, get_
 from scopekb.models import DeadLetter, Job, JobState
 from scopekb.runtime import Runtime, build_runtime, celery_app, coordination
 from scopekb.settings import Settings, get_settings
-from scopekb.stores.records import RecordStore
+from scopekb.stores.base import RecordStore
 
 log = get_logger("scopekb.worker")
 

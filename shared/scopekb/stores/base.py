@@ -1,13 +1,19 @@
-"""The store contract every chunk store implements (OpenSearch in production, SQLite in embedded mode).
+"""The store contracts: :class:`ChunkStore` (chunk documents; OpenSearch in production, SQLite in embedded mode)
+and :class:`RecordStore` (small records: sources, jobs, sync state, keys, dead letters).
 
-Filters are store-neutral (:class:`SearchFilter`); each store translates them. Every read takes a scope.
+Filters are store-neutral (:class:`SearchFilter`); each store translates them. Every chunk read takes a scope.
+Adapters translate their library's errors into :mod:`scopekb.errors` (``Transient`` for an unavailable backend,
+``Refused`` for a request the backend will not run).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
+
+from scopekb.models import Job, Source, utcnow
 
 
 class StoreVersionMismatch(RuntimeError):
@@ -104,3 +110,72 @@ class ChunkStore(Protocol):
     def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0) -> list[RawHit]: ...
 
     def vector_search(self, vector: Sequence[float], flt: SearchFilter, k: int) -> list[RawHit]: ...
+
+
+class RecordStore(Protocol):
+    """Small durable records by kind (``sources``, ``jobs``, ``state``, ``keys``, ``deadletters``).
+
+    Implementations (:class:`scopekb.stores.records.OpenSearchRecordStore`,
+    :class:`scopekb.stores.sqlite.SqliteRecordStore`) subclass this protocol explicitly and implement the generic
+    ``ensure``/``put``/``get``/``delete``/``find``; the typed helpers below are written once over them. Failures of
+    the backend are raised as :class:`scopekb.errors.Transient`.
+    """
+
+    def ensure(self, kind: str) -> None:
+        """Create the storage for ``kind`` if missing (idempotent)."""
+        ...
+
+    def put(self, kind: str, rec_id: str, doc: dict[str, Any], wait: bool = True) -> None:
+        """Create or replace a record; ``wait`` makes it visible to the next read from any process."""
+        ...
+
+    def get(self, kind: str, rec_id: str) -> dict[str, Any] | None:
+        """A record by id, or None."""
+        ...
+
+    def delete(self, kind: str, rec_id: str) -> bool:
+        """Delete a record; True when it existed."""
+        ...
+
+    def find(self, kind: str, size: int = 1000, sort: str | None = None, **terms: Any) -> list[dict[str, Any]]:
+        """Records whose keyword fields equal ``terms`` (all must match; a list field matches when it contains
+        the value), newest ``sort`` first, at most ``size``."""
+        ...
+
+    # ---- typed helpers ---------------------------------------------------------------------------------------
+
+    def put_source(self, src: Source) -> None:
+        d = src.model_dump(mode="json")
+        for k in ("webhook_secret", "webhook_secret_previous"):
+            secret = getattr(src, k)
+            d[k] = secret.get_secret_value() if secret else None
+        self.put("sources", src.id, d)
+
+    def get_source(self, source_id: str) -> Source | None:
+        d = self.get("sources", source_id)
+        return Source.model_validate(d) if d else None
+
+    def list_sources(self, **terms: Any) -> list[Source]:
+        return [Source.model_validate(d) for d in self.find("sources", sort="created_at", **terms)]
+
+    def put_job(self, job: Job) -> None:
+        """Store a job record. Reads by id are real-time, so this does not wait for a refresh."""
+        self.put("jobs", job.id, job.model_dump(mode="json"), wait=False)
+
+    def get_job(self, job_id: str) -> Job | None:
+        d = self.get("jobs", job_id)
+        return Job.model_validate(d) if d else None
+
+    def list_jobs(self, source_id: str | None = None, size: int = 20) -> list[Job]:
+        return [Job.model_validate(d) for d in self.find("jobs", size=size, sort="created_at",
+                                                         source_ids=source_id)]
+
+    def indexed_commit(self, source_id: str) -> str | None:
+        """The last commit fully indexed for a source (its sync state), or None before the first sync."""
+        d = self.get("state", source_id)
+        return d.get("commit") if d else None
+
+    def set_indexed_commit(self, source_id: str, commit: str | None, when: datetime | None = None) -> None:
+        """Advance a source's sync state; call only after every batch of the sync succeeded."""
+        self.put("state", source_id, {"source_id": source_id, "commit": commit,
+                                      "indexed_at": (when or utcnow()).isoformat()}, wait=False)

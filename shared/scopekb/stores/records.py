@@ -1,4 +1,6 @@
-"""Small durable records in OpenSearch system indices: sources, jobs, sync state and API keys.
+"""The record store on OpenSearch system indices: sources, jobs, sync state, API keys and dead letters.
+
+The contract, :class:`scopekb.stores.base.RecordStore`, lives in :mod:`scopekb.stores.base` (re-exported here).
 
 Each kind lives in its own index ``<system_prefix>-<kind>`` with a strict-enough mapping (keyword fields for the
 lookups used here, everything else stored but not indexed). Writes use ``refresh="wait_for"`` so a record is
@@ -7,13 +9,14 @@ visible to the next read from any process, which is what registration and job po
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import NotFoundError, RequestError
 
-from scopekb.models import Job, Source, utcnow
+from scopekb.stores.base import RecordStore
+
+__all__ = ["OpenSearchRecordStore", "RecordStore"]
 
 _KEYWORD_FIELDS: dict[str, list[str]] = {
     "sources": ["id", "agent_name", "context_id", "repo_url", "repo_name", "ref"],
@@ -23,73 +26,6 @@ _KEYWORD_FIELDS: dict[str, list[str]] = {
     "deadletters": ["id", "task"],
 }
 _DATE_FIELDS = {"created_at", "started_at", "finished_at", "indexed_at", "revoked_at", "replayed_at"}
-
-
-class RecordStore:
-    """Typed access to small records by kind (``sources``, ``jobs``, ``state``, ``keys``).
-
-    Subclasses implement the generic ``ensure``/``put``/``get``/``delete``/``find``; see
-    :class:`OpenSearchRecordStore` (production) and the SQLite store (embedded mode).
-    """
-
-    def ensure(self, kind: str) -> None:
-        """Create the storage for ``kind`` if missing (idempotent)."""
-        raise NotImplementedError
-
-    def put(self, kind: str, rec_id: str, doc: dict[str, Any], wait: bool = True) -> None:
-        """Create or replace a record; ``wait`` makes it visible to the next read from any process."""
-        raise NotImplementedError
-
-    def get(self, kind: str, rec_id: str) -> dict[str, Any] | None:
-        """A record by id, or None."""
-        raise NotImplementedError
-
-    def delete(self, kind: str, rec_id: str) -> bool:
-        """Delete a record; True when it existed."""
-        raise NotImplementedError
-
-    def find(self, kind: str, size: int = 1000, sort: str | None = None, **terms: Any) -> list[dict[str, Any]]:
-        """Records whose keyword fields equal ``terms`` (all must match; a list field matches when it contains
-        the value), newest ``sort`` first, at most ``size``."""
-        raise NotImplementedError
-
-    # ---- typed helpers ---------------------------------------------------------------------------------------
-
-    def put_source(self, src: Source) -> None:
-        d = src.model_dump(mode="json")
-        for k in ("webhook_secret", "webhook_secret_previous"):
-            secret = getattr(src, k)
-            d[k] = secret.get_secret_value() if secret else None
-        self.put("sources", src.id, d)
-
-    def get_source(self, source_id: str) -> Source | None:
-        d = self.get("sources", source_id)
-        return Source.model_validate(d) if d else None
-
-    def list_sources(self, **terms: Any) -> list[Source]:
-        return [Source.model_validate(d) for d in self.find("sources", sort="created_at", **terms)]
-
-    def put_job(self, job: Job) -> None:
-        """Store a job record. Reads by id are real-time, so this does not wait for a refresh."""
-        self.put("jobs", job.id, job.model_dump(mode="json"), wait=False)
-
-    def get_job(self, job_id: str) -> Job | None:
-        d = self.get("jobs", job_id)
-        return Job.model_validate(d) if d else None
-
-    def list_jobs(self, source_id: str | None = None, size: int = 20) -> list[Job]:
-        return [Job.model_validate(d) for d in self.find("jobs", size=size, sort="created_at",
-                                                         source_ids=source_id)]
-
-    def indexed_commit(self, source_id: str) -> str | None:
-        """The last commit fully indexed for a source (its sync state), or None before the first sync."""
-        d = self.get("state", source_id)
-        return d.get("commit") if d else None
-
-    def set_indexed_commit(self, source_id: str, commit: str | None, when: datetime | None = None) -> None:
-        """Advance a source's sync state; call only after every batch of the sync succeeded."""
-        self.put("state", source_id, {"source_id": source_id, "commit": commit,
-                                      "indexed_at": (when or utcnow()).isoformat()}, wait=False)
 
 
 class OpenSearchRecordStore(RecordStore):

@@ -1,17 +1,6 @@
-"""Embedded-mode stores on SQLite: the chunk index (FTS5 BM25 + exact cosine kNN) and small records.
+"""The embedded chunk index on SQLite: FTS5 BM25 keyword search and exact cosine kNN with numpy.
 
-Same contract as the OpenSearch stores (DESIGN §7): :class:`SqliteChunkStore` implements
-:class:`scopekb.stores.base.ChunkStore` and :class:`SqliteRecordStore` implements
-:class:`scopekb.stores.records.RecordStore`. Both may share one database file.
-
-Keyword search mirrors the OpenSearch analyzers of :mod:`scopekb.fields` by tokenising in Python: at index time
-identifiers are split into parts (camelCase, snake_case, digits) and the original identifier is kept; at query time
-identifiers stay whole. The FTS5 table receives the tokens as one space-separated string (``ascii`` tokenizer with
-``_`` as a token character, so FTS5 never re-splits a token), and ranks with ``bm25()`` weighted like
-:data:`scopekb.fields.KEYWORD_FIELDS`. Vector search is exact cosine over the filtered rows with numpy.
-
-Concurrency: one connection per thread, WAL journal, writes serialised by a process-wide lock plus
-``BEGIN IMMEDIATE`` (other processes wait on ``busy_timeout``). The path must be a file, not ``:memory:``.
+Same contract as :class:`scopekb.stores.opensearch.OpenSearchChunkStore` (:class:`scopekb.stores.base.ChunkStore`).
 """
 
 from __future__ import annotations
@@ -19,15 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import re
 import sqlite3
 import threading
-import unicodedata
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +19,11 @@ import numpy as np
 
 from scopekb import fields as F
 from scopekb.logging import get_logger
-from scopekb.patterns import CEILING, PatternRefused, compile_glob
 from scopekb.stores.base import BulkReport, RawHit, SearchFilter, StoreVersionMismatch
-from scopekb.stores.records import RecordStore
+from scopekb.stores.sqlite.db import Connections, table_exists
+from scopekb.stores.sqlite.text import fts_text, query_tokens
 
-log = get_logger(__name__)
-
-__all__ = [
-    "SCHEMA_VERSION",
-    "SqliteChunkStore",
-    "SqliteRecordStore",
-    "SqliteVersionMismatch",
-    "index_tokens",
-    "query_tokens",
-]
+log = get_logger("scopekb.stores.sqlite")
 
 #: Bumped whenever the tables or the tokenisation change; a database of another version is refused.
 SCHEMA_VERSION = 1
@@ -62,207 +37,7 @@ _TEXT = frozenset({F.SYMBOL, F.SIGNATURE, F.CONTENT})
 _INT = frozenset({F.CHUNK_INDEX, F.START_LINE, F.END_LINE})
 _KNOWN = _KEYWORD | _TEXT | _INT | {F.METADATA, F.INDEXED_AT, F.EMBEDDING}
 
-_BUSY_TIMEOUT_MS = 30_000
 _DIRECT_READ_MAX = 4096  # filtered kNN over at most this many rows reads their vectors directly, else via the cache
-
-# ---- tokenisation ---------------------------------------------------------------------------------------------
-
-# Python's \w is letters, digits and "_" (marks excluded), like the pattern tokenizer [^\p{L}\p{N}_]+ splits on.
-_WORD = re.compile(r"\w+")
-# Lucene word_delimiter subwords for ASCII: an upper-case run may continue lower-case ("HTTPServer" stays whole,
-# "fooBar" -> foo, Bar), digits are their own part, "_" delimits.
-_ASCII_PART = re.compile(r"[A-Z]+[a-z]*|[a-z]+|[0-9]+")
-_LOWER, _UPPER, _DIGIT, _DELIM = 1, 2, 4, 8
-_ALPHA = _LOWER | _UPPER
-_CATEGORY_TYPE = {"Lu": _UPPER, "Ll": _LOWER, "Lt": _ALPHA, "Lm": _ALPHA, "Lo": _ALPHA, "Mn": _ALPHA,
-                  "Me": _ALPHA, "Mc": _ALPHA, "Nd": _DIGIT, "Nl": _DIGIT, "No": _DIGIT}
-
-
-@lru_cache(maxsize=4096)
-def _char_type(ch: str) -> int:
-    if ord(ch) > 0xFFFF:  # Lucene walks UTF-16 units: a surrogate never breaks a word
-        return _ALPHA | _DIGIT
-    return _CATEGORY_TYPE.get(unicodedata.category(ch), _DELIM)
-
-
-def _is_break(last: int, cur: int) -> bool:
-    # Lucene WordDelimiterIterator.isBreak with split_on_case_change and split_on_numerics on.
-    if cur & last:
-        return False
-    if last & _UPPER and cur & _ALPHA:
-        return False
-    return True
-
-
-def _parts(token: str) -> list[str]:
-    """Subwords of one identifier as Lucene's ``word_delimiter`` filter finds them (before lower-casing)."""
-    if token.isascii():
-        return _ASCII_PART.findall(token)
-    out: list[str] = []
-    start = -1
-    last = 0
-    for i, ch in enumerate(token):
-        t = _char_type(ch)
-        if t == _DELIM:
-            if start >= 0:
-                out.append(token[start:i])
-                start = -1
-            last = 0
-            continue
-        if start < 0:
-            start = i
-        elif _is_break(last, t):
-            out.append(token[start:i])
-            start = i
-        last = t
-    if start >= 0:
-        out.append(token[start:])
-    return out
-
-
-def _lower(text: str) -> str:
-    # Lucene lower-cases code point by code point (simple mapping); Python's full mapping turns "İ" into "i̇".
-    return text.lower() if "\u0130" not in text else text.replace("\u0130", "i").lower()
-
-
-@lru_cache(maxsize=65536)
-def _analyse(token: str) -> tuple[str, ...]:
-    parts = _parts(token)
-    if len(parts) == 1 and parts[0] == token:
-        return (_lower(token),)
-    return (_lower(token), *(_lower(p) for p in parts))
-
-
-class _AnalysedCache(dict[str, str]):
-    """identifier → its index-time tokens joined by spaces; filled on first sight, emptied when it grows large."""
-
-    def __missing__(self, token: str) -> str:
-        if len(self) >= 200_000:
-            self.clear()
-        value = self[token] = " ".join(_analyse(token))
-        return value
-
-
-_ANALYSED = _AnalysedCache()
-
-
-def index_tokens(text: str | None) -> list[str]:
-    """Index-time tokens of ``text``, equivalent to the ``scopekb_code`` analyzer of :mod:`scopekb.fields`.
-
-    Each identifier (run of letters, digits and ``_``) yields itself lower-cased plus, when it has several parts,
-    its camelCase / snake_case / digit parts: ``"parseRFC3339_date"`` →
-    ``["parserfc3339_date", "parse", "rfc", "3339", "date"]``. ``None`` or empty text gives ``[]``.
-    """
-    return _fts_text(text).split()
-
-
-def query_tokens(text: str) -> list[str]:
-    """Query-time tokens (the ``scopekb_code_search`` analyzer): identifiers whole and lower-cased.
-
-    ``"parse_rfc3339 retry"`` → ``["parse_rfc3339", "retry"]``.
-    """
-    return [_lower(t) for t in _WORD.findall(text)]
-
-
-def _fts_text(text: Any) -> str:
-    """The index-time tokens of ``text`` as one space-separated string (what the FTS5 table stores)."""
-    if not text:
-        return ""
-    return " ".join(map(_ANALYSED.__getitem__, _WORD.findall(text if isinstance(text, str) else str(text))))
-
-
-# ---- path globs -----------------------------------------------------------------------------------------------
-
-
-def _glob_match(path: str | None, glob: str) -> int:
-    """SQL function ``scopekb_glob(path, glob)``: RE2 full match of a bounded glob (:mod:`scopekb.patterns`; a glob
-    over the stores' ceiling matches nothing — requests are refused earlier, with 400, by :func:`run_search`)."""
-    if path is None:
-        return 0
-    try:
-        return 1 if compile_glob(glob, CEILING).match(path) else 0
-    except PatternRefused:
-        return 0
-
-
-# ---- connections ------------------------------------------------------------------------------------------------
-
-
-class _Connections:
-    """One SQLite connection per thread (and per process: a forked child opens its own) to one file, all closed
-    by :meth:`close`."""
-
-    def __init__(self, path: Path) -> None:
-        if str(path) == ":memory:":
-            raise ValueError("SQLite stores need a file path; ':memory:' would give each thread its own database")
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._guard = threading.Lock()
-        #: Serialises this process's writers (SQLite has one writer; BEGIN IMMEDIATE covers other processes).
-        self.write_lock = threading.RLock()
-
-    def get(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and getattr(self._local, "pid", None) != os.getpid():
-            conn = None  # inherited through fork: never touch the parent's connection
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None,
-                                   check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA temp_store=MEMORY")
-            conn.create_function("scopekb_glob", 2, _glob_match, deterministic=True)
-            self._local.conn, self._local.pid = conn, os.getpid()
-            with self._guard:
-                self._all.append(conn)
-        return conn
-
-    @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction (``BEGIN IMMEDIATE`` … ``COMMIT``; rolled back on any exception)."""
-        with self.write_lock:
-            conn = self.get()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-
-    @contextmanager
-    def read(self) -> Iterator[sqlite3.Connection]:
-        """A read transaction: every statement inside sees one snapshot."""
-        conn = self.get()
-        if conn.in_transaction:  # nested inside a write of this thread
-            yield conn
-            return
-        conn.execute("BEGIN")
-        try:
-            yield conn
-        finally:
-            conn.execute("COMMIT")
-
-    def close(self) -> None:
-        with self._guard:
-            conns, self._all = self._all, []
-        for c in conns:
-            try:
-                c.close()
-            except sqlite3.Error:  # pragma: no cover - closing is best effort
-                pass
-        self._local = threading.local()
-
-
-def _table_exists(conn: sqlite3.Connection, name: str) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name = ?",
-                        (name,)).fetchone() is not None
-
-
-# ---- chunk store ------------------------------------------------------------------------------------------------
 
 _CHUNK_DDL = (
     "CREATE TABLE IF NOT EXISTS scopekb_meta (key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID",
@@ -320,7 +95,7 @@ class SqliteChunkStore:
         self.path = Path(path)
         self.dimension = dimension or None
         self.model = model
-        self._db = _Connections(self.path)
+        self._db = Connections(self.path)
         self._ready = False
         self._cache_lock = threading.Lock()
         # (generation, rowids sorted, row-normalised float32 matrix) of every stored vector
@@ -400,7 +175,7 @@ class SqliteChunkStore:
     def _readable(self, conn: sqlite3.Connection) -> bool:
         if self._ready:
             return True
-        return _table_exists(conn, "chunks") and _table_exists(conn, "chunks_fts")
+        return table_exists(conn, "chunks") and table_exists(conn, "chunks_fts")
 
     # ---- writes ----------------------------------------------------------------------------------------------
 
@@ -479,8 +254,8 @@ class SqliteChunkStore:
     @staticmethod
     def _insert_fts(conn: sqlite3.Connection, rowid: int, p: dict[str, Any]) -> None:
         conn.execute("INSERT INTO chunks_fts (rowid, symbol, signature, content, path) VALUES (?, ?, ?, ?, ?)",
-                     (rowid, _fts_text(p["text"][0]), _fts_text(p["text"][1]), _fts_text(p["text"][2]),
-                      _fts_text(p["text"][3])))
+                     (rowid, fts_text(p["text"][0]), fts_text(p["text"][1]), fts_text(p["text"][2]),
+                      fts_text(p["text"][3])))
 
     @staticmethod
     def _bump_vec_gen(conn: sqlite3.Connection) -> None:
@@ -812,107 +587,3 @@ def _filter_sql(flt: SearchFilter) -> tuple[str, list[Any]]:
         where.append("(" + " OR ".join("scopekb_glob(c.path, ?)" for _ in flt.file_patterns) + ")")
         args.extend(flt.file_patterns)
     return " AND ".join(where), args
-
-
-# ---- record store -----------------------------------------------------------------------------------------------
-
-
-class SqliteRecordStore(RecordStore):
-    """Small JSON records by kind (``sources``, ``jobs``, ``state``, ``keys``) in one SQLite table.
-
-    Semantics of :class:`scopekb.stores.records.OpenSearchRecordStore`: ``put`` replaces, ``get`` returns the
-    document or None, ``delete`` says whether it existed, ``find`` matches fields equal to a value or lists
-    containing it and sorts newest first. Every write is visible to the next read at once (``wait`` is moot).
-
-    Args:
-        path: database file (created with its parent folders); may be the file of a :class:`SqliteChunkStore`.
-    """
-
-    _DDL = ("CREATE TABLE IF NOT EXISTS scopekb_records (kind TEXT NOT NULL, id TEXT NOT NULL, doc TEXT NOT NULL,"
-            " PRIMARY KEY (kind, id))")
-
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self._db = _Connections(self.path)
-        self._ready = False
-
-    def close(self) -> None:
-        """Close every connection this store opened (it reopens on next use)."""
-        self._db.close()
-
-    def ensure(self, kind: str) -> None:
-        """Create the records table if missing (one table holds every kind; idempotent)."""
-        if self._ready:
-            return
-        with self._db.write() as conn:
-            conn.execute(self._DDL)
-        self._ready = True
-
-    def put(self, kind: str, rec_id: str, doc: dict[str, Any], wait: bool = True) -> None:
-        """Create or replace a record (a JSON-able dict).
-
-        Raises:
-            TypeError, ValueError: ``doc`` is not JSON-serialisable.
-        """
-        self.ensure(kind)
-        text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-        with self._db.write() as conn:
-            conn.execute("INSERT OR REPLACE INTO scopekb_records (kind, id, doc) VALUES (?, ?, ?)",
-                         (kind, rec_id, text))
-
-    def get(self, kind: str, rec_id: str) -> dict[str, Any] | None:
-        """A record by id, or None."""
-        self.ensure(kind)
-        with self._db.read() as conn:
-            row = conn.execute("SELECT doc FROM scopekb_records WHERE kind = ? AND id = ?", (kind, rec_id)).fetchone()
-        return json.loads(row[0]) if row else None
-
-    def delete(self, kind: str, rec_id: str) -> bool:
-        """Delete a record; True when it existed."""
-        self.ensure(kind)
-        with self._db.write() as conn:
-            cur = conn.execute("DELETE FROM scopekb_records WHERE kind = ? AND id = ?", (kind, rec_id))
-            return cur.rowcount > 0
-
-    def find(self, kind: str, size: int = 1000, sort: str | None = None, **terms: Any) -> list[dict[str, Any]]:
-        """Records whose fields equal ``terms`` (all must match; None values are ignored; a list field matches
-        when it contains the value), sorted by ``sort`` descending (missing values last, then by id), at most
-        ``size``. Date strings sort by instant."""
-        self.ensure(kind)
-        where, args = ["kind = ?"], [kind]
-        for name, value in terms.items():
-            if value is None:
-                continue
-            if not re.fullmatch(r"[A-Za-z0-9_]+", name):
-                return []
-            where.append(f"EXISTS (SELECT 1 FROM json_each(doc, '$.{name}') WHERE json_each.value = ?)")
-            args.append(_json_scalar(value))
-        with self._db.read() as conn:
-            rows = conn.execute(f"SELECT id, doc FROM scopekb_records WHERE {' AND '.join(where)} ORDER BY id",
-                                args).fetchall()
-        docs = [(rid, json.loads(text)) for rid, text in rows]
-        if sort:
-            present = [(rid, d) for rid, d in docs if d.get(sort) is not None]
-            missing = [(rid, d) for rid, d in docs if d.get(sort) is None]
-            present.sort(key=lambda t: (_sort_key(t[1][sort]), t[0]), reverse=True)
-            docs = present + missing
-        return [d for _, d in docs[:max(0, size)]]
-
-
-def _json_scalar(value: Any) -> Any:
-    if isinstance(value, bool):
-        return 1 if value else 0
-    if isinstance(value, int | float | str):
-        return value
-    return str(value)
-
-
-def _sort_key(value: Any) -> tuple[int, Any]:
-    if isinstance(value, str):
-        try:
-            return (1, datetime.fromisoformat(value).timestamp())
-        except ValueError:
-            return (2, value)
-    if isinstance(value, bool | int | float):
-        return (0, float(value))
-    return (3, json.dumps(value, sort_keys=True))

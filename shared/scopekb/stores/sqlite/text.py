@@ -1,0 +1,129 @@
+"""Tokenisation of the SQLite chunk index, mirroring the OpenSearch analyzers of :mod:`scopekb.fields`.
+
+At index time identifiers are split into parts (camelCase, snake_case, digits) and the original identifier is
+kept; at query time identifiers stay whole. The FTS5 table receives the tokens as one space-separated string.
+Also the SQL function behind path-glob filters (:func:`glob_match`).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import lru_cache
+from typing import Any
+
+from scopekb.patterns import CEILING, PatternRefused, compile_glob
+
+# Python's \w is letters, digits and "_" (marks excluded), like the pattern tokenizer [^\p{L}\p{N}_]+ splits on.
+_WORD = re.compile(r"\w+")
+# Lucene word_delimiter subwords for ASCII: an upper-case run may continue lower-case ("HTTPServer" stays whole,
+# "fooBar" -> foo, Bar), digits are their own part, "_" delimits.
+_ASCII_PART = re.compile(r"[A-Z]+[a-z]*|[a-z]+|[0-9]+")
+_LOWER, _UPPER, _DIGIT, _DELIM = 1, 2, 4, 8
+_ALPHA = _LOWER | _UPPER
+_CATEGORY_TYPE = {"Lu": _UPPER, "Ll": _LOWER, "Lt": _ALPHA, "Lm": _ALPHA, "Lo": _ALPHA, "Mn": _ALPHA,
+                  "Me": _ALPHA, "Mc": _ALPHA, "Nd": _DIGIT, "Nl": _DIGIT, "No": _DIGIT}
+
+
+@lru_cache(maxsize=4096)
+def _char_type(ch: str) -> int:
+    if ord(ch) > 0xFFFF:  # Lucene walks UTF-16 units: a surrogate never breaks a word
+        return _ALPHA | _DIGIT
+    return _CATEGORY_TYPE.get(unicodedata.category(ch), _DELIM)
+
+
+def _is_break(last: int, cur: int) -> bool:
+    # Lucene WordDelimiterIterator.isBreak with split_on_case_change and split_on_numerics on.
+    if cur & last:
+        return False
+    if last & _UPPER and cur & _ALPHA:
+        return False
+    return True
+
+
+def _parts(token: str) -> list[str]:
+    """Subwords of one identifier as Lucene's ``word_delimiter`` filter finds them (before lower-casing)."""
+    if token.isascii():
+        return _ASCII_PART.findall(token)
+    out: list[str] = []
+    start = -1
+    last = 0
+    for i, ch in enumerate(token):
+        t = _char_type(ch)
+        if t == _DELIM:
+            if start >= 0:
+                out.append(token[start:i])
+                start = -1
+            last = 0
+            continue
+        if start < 0:
+            start = i
+        elif _is_break(last, t):
+            out.append(token[start:i])
+            start = i
+        last = t
+    if start >= 0:
+        out.append(token[start:])
+    return out
+
+
+def _lower(text: str) -> str:
+    # Lucene lower-cases code point by code point (simple mapping); Python's full mapping turns "İ" into "i̇".
+    return text.lower() if "\u0130" not in text else text.replace("\u0130", "i").lower()
+
+
+@lru_cache(maxsize=65536)
+def _analyse(token: str) -> tuple[str, ...]:
+    parts = _parts(token)
+    if len(parts) == 1 and parts[0] == token:
+        return (_lower(token),)
+    return (_lower(token), *(_lower(p) for p in parts))
+
+
+class _AnalysedCache(dict[str, str]):
+    """identifier → its index-time tokens joined by spaces; filled on first sight, emptied when it grows large."""
+
+    def __missing__(self, token: str) -> str:
+        if len(self) >= 200_000:
+            self.clear()
+        value = self[token] = " ".join(_analyse(token))
+        return value
+
+
+_ANALYSED = _AnalysedCache()
+
+
+def index_tokens(text: str | None) -> list[str]:
+    """Index-time tokens of ``text``, equivalent to the ``scopekb_code`` analyzer of :mod:`scopekb.fields`.
+
+    Each identifier (run of letters, digits and ``_``) yields itself lower-cased plus, when it has several parts,
+    its camelCase / snake_case / digit parts: ``"parseRFC3339_date"`` →
+    ``["parserfc3339_date", "parse", "rfc", "3339", "date"]``. ``None`` or empty text gives ``[]``.
+    """
+    return fts_text(text).split()
+
+
+def query_tokens(text: str) -> list[str]:
+    """Query-time tokens (the ``scopekb_code_search`` analyzer): identifiers whole and lower-cased.
+
+    ``"parse_rfc3339 retry"`` → ``["parse_rfc3339", "retry"]``.
+    """
+    return [_lower(t) for t in _WORD.findall(text)]
+
+
+def fts_text(text: Any) -> str:
+    """The index-time tokens of ``text`` as one space-separated string (what the FTS5 table stores)."""
+    if not text:
+        return ""
+    return " ".join(map(_ANALYSED.__getitem__, _WORD.findall(text if isinstance(text, str) else str(text))))
+
+
+def glob_match(path: str | None, glob: str) -> int:
+    """SQL function ``scopekb_glob(path, glob)``: RE2 full match of a bounded glob (:mod:`scopekb.patterns`; a glob
+    over the stores' ceiling matches nothing — requests are refused earlier, with 400, by :func:`run_search`)."""
+    if path is None:
+        return 0
+    try:
+        return 1 if compile_glob(glob, CEILING).match(path) else 0
+    except PatternRefused:
+        return 0
