@@ -442,26 +442,26 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from opensearchpy.exceptions import ConnectionError as OSConnectionError
     from pydantic import ValidationError
 
-    from scopekb.errors import ScopekbError
+    from scopekb.errors import ScopekbError, Transient
     from scopekb.folders import FolderError
     from scopekb.gitrepo import GitError
-    from scopekb.indexing import SyncError
 
     try:
         app()
-    except (CliError, ScopekbError, SyncError, GitError, FolderError) as e:
+    except Transient as e:  # OpenSearch, Redis, S3 or a git host unreachable (GitError is Transient too)
+        hint = "" if isinstance(e, GitError) else " (check the SCOPEKB_OPENSEARCH/REDIS/S3 settings; " \
+            "scripts/services up)"
+        err.print(f"error: {e}{hint}", markup=False, highlight=False)
+        sys.exit(1)
+    except (CliError, ScopekbError, FolderError) as e:
         err.print(f"error: {e}", markup=False, highlight=False)
         sys.exit(1)
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(x) for x in first.get("loc", ()))
         err.print(f"error: invalid {loc}: {first.get('msg')}", markup=False, highlight=False)
-        sys.exit(1)
-    except OSConnectionError:
-        err.print("error: OpenSearch is unreachable (check SCOPEKB_OPENSEARCH__URL; scripts/services up)")
         sys.exit(1)
 
 

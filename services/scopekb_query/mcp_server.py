@@ -27,7 +27,6 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
-from opensearchpy.exceptions import TransportError
 from pydantic import Field, ValidationError
 from starlette.authentication import AuthCredentials
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -38,10 +37,9 @@ from scopekb.errors import Refused, Transient
 from scopekb.logging import configure_logging, get_logger
 from scopekb.models import SearchRequest, Source
 from scopekb.runtime import Runtime, build_runtime
-from scopekb.search import QueryEmbedder, SearchUnavailable, render_text, run_search
+from scopekb.search import QueryEmbedder, render_text, run_search
 from scopekb.settings import Settings, get_settings
 from scopekb.status import source_status as shared_source_status
-from scopekb_query.errors import backend_reason, refused_query
 
 log = get_logger("scopekb.query.mcp")
 
@@ -144,28 +142,16 @@ def key_from_request(ctx: Context) -> ApiKey:
     return ApiKey.model_validate({**access.claims[_KEY_CLAIM], "key_hash": ""})
 
 
-def _backend_error(exc: TransportError) -> ToolError:
-    """A tool error for an OpenSearch failure: a refused query is the caller's to fix, anything else is ours."""
-    message = refused_query(exc)
-    if message is not None:
-        log.warning("mcp_backend_refused", status=exc.status_code, reason=backend_reason(exc))
-        return ToolError(message)
-    log.error("mcp_backend_error", status=exc.status_code, reason=backend_reason(exc))
-    return ToolError("search backend unavailable; try again later")
-
-
 async def _call(fn: Callable[..., str], *args: Any) -> str:
-    """Run a blocking tool body off the event loop, turning scopekb's and the backend's errors into tool
-    errors (the caller's: its message; a dependency down: "try again later")."""
+    """Run a blocking tool body off the event loop, turning scopekb's errors into tool errors: the caller's
+    (:class:`Refused`) with its message, a dependency down (:class:`Transient`) with "try again later"."""
     try:
         return await anyio.to_thread.run_sync(fn, *args)
-    except (Refused, SearchUnavailable) as e:
+    except Refused as e:
         raise ToolError(str(e)) from None
     except Transient as e:
         log.error("mcp_dependency_unavailable", error=str(e))
-        raise ToolError("a backing service is unavailable; try again later") from None
-    except TransportError as e:
-        raise _backend_error(e) from None
+        raise ToolError(f"{e}; try again later") from None
 
 
 def _allowed(key: ApiKey, src: Source) -> bool:

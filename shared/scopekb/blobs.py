@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Protocol
 
 from minio import Minio
-from minio.error import S3Error
+from minio.error import MinioException, S3Error
+from urllib3.exceptions import HTTPError as Urllib3Error
 
+from scopekb.errors import ScopekbError, Transient, translating
 from scopekb.settings import S3Settings
 
 
@@ -36,10 +38,16 @@ class BlobStore(Protocol):
     def delete(self, key: str) -> None: ...
 
 
+def translate_s3(exc: BaseException) -> ScopekbError:
+    """scopekb's error for an S3 failure (unreachable, refused, server error): :class:`Transient`."""
+    return Transient(f"blob store unavailable ({type(exc).__name__})")
+
+
+@translating((MinioException, Urllib3Error, OSError), translate_s3)
 class S3BlobStore:
     """Blobs in an S3 bucket through the ``minio`` SDK (any S3-compatible server).
 
-    Raises :class:`BlobNotFound` for a missing key; other S3 errors propagate as ``minio.error.S3Error``;
+    Raises :class:`BlobNotFound` for a missing key; other S3 failures as :class:`scopekb.errors.Transient`;
     :class:`scopekb.settings.S3NotConfigured` when the settings carry no credentials.
     """
 

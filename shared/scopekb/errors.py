@@ -11,6 +11,13 @@ Callers catch these two, never ``opensearchpy``/``redis``/git exception types (D
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
 
 class ScopekbError(Exception):
     """Base of scopekb's error family; the message is one line, safe to return to a caller."""
@@ -37,3 +44,28 @@ class NotFound(Refused):
     """No record with that id (HTTP 404)."""
 
     status = 404
+
+
+def translating(errors: type[BaseException] | tuple[type[BaseException], ...],
+                translate: Callable[[BaseException], ScopekbError]) -> Callable[[type[T]], type[T]]:
+    """Class decorator for adapters: every public method of the class (and ``__init__``) raises ``translate(e)``
+    (chained to ``e``) instead of a library error ``e`` of type ``errors``. Other exceptions, scopekb's own
+    included, pass unchanged.
+    """
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except errors as e:
+                raise translate(e) from e
+        return call
+
+    def decorate(cls: type[T]) -> type[T]:
+        for name, value in list(vars(cls).items()):
+            if (not name.startswith("_") or name == "__init__") and inspect.isfunction(value):
+                setattr(cls, name, wrap(value))
+        return cls
+
+    return decorate

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import git
 
+from scopekb.errors import Transient
 from scopekb.logging import get_logger
 
 log = get_logger(__name__)
@@ -27,8 +28,9 @@ MODE_SYMLINK = "120000"
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
-class GitError(RuntimeError):
-    """A git operation failed; the message is one line naming the repository and the cause."""
+class GitError(Transient):
+    """A git operation failed; the message is one line naming the repository and the cause (transient: the host
+    or network may answer later; the worker retries)."""
 
 
 class CommitNotFound(GitError):

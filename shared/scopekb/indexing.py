@@ -48,6 +48,7 @@ from scopekb.documents import (
 )
 from scopekb.embedding import Embedder, EmbeddingCache, embed_with_cache
 from scopekb.embedding.limits import backoff_delay
+from scopekb.errors import Refused, Transient
 from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobState, Source, utcnow
@@ -80,11 +81,11 @@ CRASH_CHUNKING_ENV = "SCOPEKB_TEST_CRASH_CHUNKING"
 Progress = Callable[[str, int, int], None]
 
 
-class SyncError(RuntimeError):
-    """A sync cannot run (no sources, sources of different repositories, ref missing)."""
+class SyncError(Refused):
+    """A sync cannot run (no sources, sources of different repositories, ref missing): permanent, not retried."""
 
 
-class StoreUnavailable(RuntimeError):
+class StoreUnavailable(Transient):
     """OpenSearch kept refusing or not answering writes through the bounded bulk retries (transient: the task
     retries the sync later; nothing was recorded as indexed)."""
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opensearchpy import OpenSearch, helpers
+from opensearchpy.exceptions import TransportError
 
 from scopekb import fields as F
 from scopekb.chunking import TokenCounter, embedding_text
@@ -24,7 +25,7 @@ from scopekb.embedding import Embedder, EmbeddingCache, embed_with_cache
 from scopekb.logging import get_logger
 from scopekb.models import Chunk
 from scopekb.settings import ChunkingSettings
-from scopekb.stores.opensearch import OpenSearchChunkStore
+from scopekb.stores.opensearch import OpenSearchChunkStore, translate_opensearch
 
 log = get_logger(__name__)
 
@@ -56,6 +57,17 @@ def _scroll(client: OpenSearch, index: str, batch: int) -> Iterator[list[dict[st
 def reindex(target: OpenSearchChunkStore, embedder: Embedder | None, cache: EmbeddingCache | None,
             chunking: ChunkingSettings, counter: TokenCounter | None = None, batch: int = 500,
             progress: Callable[[int], None] | None = None) -> ReindexReport:
+    """See :func:`_reindex`; opensearch-py errors are raised as :mod:`scopekb.errors` (``Transient`` /
+    ``Refused``)."""
+    try:
+        return _reindex(target, embedder, cache, chunking, counter, batch, progress)
+    except TransportError as e:
+        raise translate_opensearch(e) from e
+
+
+def _reindex(target: OpenSearchChunkStore, embedder: Embedder | None, cache: EmbeddingCache | None,
+             chunking: ChunkingSettings, counter: TokenCounter | None = None, batch: int = 500,
+             progress: Callable[[int], None] | None = None) -> ReindexReport:
     """Copy every chunk from the live index behind ``target.alias`` into a fresh index built for ``target``'s
     dimension and model (re-embedding through the cache), then swap the alias and delete the old index.
 
@@ -65,8 +77,8 @@ def reindex(target: OpenSearchChunkStore, embedder: Embedder | None, cache: Embe
         progress: called with the number of chunks copied so far.
 
     Raises:
-        opensearchpy.exceptions.TransportError: the cluster refused a step; the alias still points at the old
-            index, and the half-built new index is deleted.
+        opensearchpy.exceptions.TransportError (:func:`reindex` raises it translated): the cluster refused a
+            step; the alias still points at the old index, and the half-built new index is deleted.
     """
     client = target.client
     t0 = time.monotonic()

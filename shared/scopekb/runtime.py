@@ -193,7 +193,7 @@ class Runtime(ControlRuntime):
                 probe()
                 checks[name] = "ok"
             except Exception as e:  # noqa: BLE001 - any failure means not ready; reported as text
-                checks[name] = f"error: {type(e).__name__}"
+                checks[name] = f"error: {type(e.__cause__ or e).__name__}"  # the library's error type
         return checks
 
 

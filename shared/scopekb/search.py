@@ -11,6 +11,7 @@ from typing import Any
 
 from scopekb import fields as F
 from scopekb import scoring
+from scopekb.errors import Refused
 from scopekb.models import SearchHit, SearchMode, SearchRequest, SearchResponse
 from scopekb.patterns import PatternRefused, compile_globs
 from scopekb.render import render_text
@@ -24,7 +25,7 @@ QueryEmbedder = Callable[[str], Sequence[float]]
 __all__ = ["QueryEmbedder", "SearchUnavailable", "render_text", "run_search"]
 
 
-class SearchUnavailable(ValueError):
+class SearchUnavailable(Refused, ValueError):
     """The search cannot run as asked (HTTP 400): a mode that needs an embedding model on a keyword-only index, or
     a ``file_patterns`` entry over a limit of ``query.*`` (the message names it)."""
 

@@ -26,16 +26,12 @@ import structlog
 from celery import Task
 from celery.exceptions import Reject, Retry
 from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
-from opensearchpy.exceptions import ConnectionError as OSConnectionError
-from opensearchpy.exceptions import TransportError
 
 from scopekb import ops, queue
 from scopekb.coordination import Coordination, keys
-from scopekb.embedding import EmbeddingUnavailable
 from scopekb.embedding.limits import backoff_delay
-from scopekb.errors import Transient
-from scopekb.gitrepo import GitError
-from scopekb.indexing import StoreUnavailable, SyncError, run_sync
+from scopekb.errors import Refused, Transient
+from scopekb.indexing import run_sync
 from scopekb.logging import bind_context, clear_context, configure_logging, get_logger
 from scopekb.models import DeadLetter, Job, JobState
 from scopekb.runtime import Runtime, build_runtime, celery_app, coordination
@@ -54,9 +50,10 @@ FILE_ATTEMPTS_TTL_S = 7 * 24 * 3600
 #: Task-level retry backoff after a transient error: ``[d/2, d]`` with ``d = min(max, base * 2**retries)``.
 RETRY_BASE_S = 5.0
 RETRY_MAX_S = 300.0
-#: Errors that say a dependency is (for now) unavailable: the sync is retried later, never spun on.
-TRANSIENT_ERRORS = (Transient, GitError, OSConnectionError, TransportError, OSError, EmbeddingUnavailable,
-                    StoreUnavailable)
+#: Errors that say a dependency is (for now) unavailable: the sync is retried later, never spun on. Adapters
+#: translate their libraries' errors into :class:`scopekb.errors.Transient` (git, OpenSearch, Redis, S3 and the
+#: embedding API among them); ``OSError`` covers the local disk.
+TRANSIENT_ERRORS = (Transient, OSError)
 #: Eviction policies that never drop keys without a TTL (broker queues and unacked tasks have none).
 SAFE_EVICTION = ("noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl")
 
@@ -177,7 +174,7 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
             deps.attempts = attempts
             job = run_sync(deps, job_id, source_ids, trigger=trigger, branch_deleted=branch_deleted, verify=verify,
                            attempt=self.request.retries)
-    except SyncError as e:
+    except Refused as e:  # SyncError, or a request a store refused: permanent, not retried
         log.error("sync_refused", error=str(e))
         return {"id": job_id, "state": "failed", "errors": [str(e)]}
     except TRANSIENT_ERRORS as e:

@@ -9,7 +9,7 @@ from fastapi.responses import PlainTextResponse
 
 from scopekb.auth import resolve_scope
 from scopekb.models import SearchRequest, SearchResponse
-from scopekb.search import SearchUnavailable, render_text, run_search
+from scopekb.search import render_text, run_search
 from scopekb_query.deps import CallerDep, Rt
 
 router = APIRouter(tags=["search"])
@@ -21,12 +21,9 @@ def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt, format: s
     request.scope["scopekb_mode"] = req.mode.value
     if c.key is None:
         raise HTTPException(403, "searches need an agent key, not the admin token")
-    scope = resolve_scope(c.key, req.context_id, req.cross_context)
-    try:
-        resp = run_search(rt.chunks, req, scope, rt.settings.query,
-                          embed=rt.embed_query if rt.embedder is not None else None)
-    except SearchUnavailable as e:
-        raise HTTPException(400, str(e)) from None
+    scope = resolve_scope(c.key, req.context_id, req.cross_context)  # Refused (401/403/400) -> its status
+    resp = run_search(rt.chunks, req, scope, rt.settings.query,  # SearchUnavailable is Refused: 400
+                      embed=rt.embed_query if rt.embedder is not None else None)
     if format == "text":
         return PlainTextResponse(render_text(resp))
     return resp

@@ -43,7 +43,7 @@ class RedisCoordination(Coordination):
         try:
             return fn()
         except redis.RedisError as e:
-            raise Transient(f"Redis unavailable ({type(e).__name__}: {e})") from e
+            raise Transient(f"coordination backend unavailable (Redis: {type(e).__name__})") from e
 
     def ping(self) -> None:
         """Raise :class:`Transient` when Redis does not answer."""

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from scopekb.errors import Transient
+
 Vector = list[float]
 
 
@@ -20,10 +22,11 @@ class EmbeddingError(RuntimeError):
     """Base class of embedding failures that are not about one input."""
 
 
-class EmbeddingUnavailable(EmbeddingError):
+class EmbeddingUnavailable(EmbeddingError, Transient):
     """Transient: the provider kept answering 429/5xx/408 or could not be reached within the bounded retries.
 
-    Retrying the task later is expected to succeed. ``status`` is the last HTTP status (None: no answer).
+    Retrying the task later is expected to succeed. ``status`` is the provider's last HTTP status (None: no
+    answer); services answer 503 whatever it is.
     """
 
     def __init__(self, message: str, status: int | None = None) -> None:

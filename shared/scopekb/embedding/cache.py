@@ -28,6 +28,7 @@ import numpy as np
 
 from scopekb.embedding.base import Vector
 from scopekb.logging import get_logger
+from scopekb.stores.opensearch import opensearch_errors
 
 log = get_logger(__name__)
 
@@ -185,6 +186,7 @@ def embcache_index_name(system_prefix: str) -> str:
     return f"{system_prefix}-embcache"
 
 
+@opensearch_errors
 class OpenSearchEmbeddingCache:
     """Cache in an OpenSearch system index (see the module docstring).
 
@@ -196,7 +198,7 @@ class OpenSearchEmbeddingCache:
         ensure: create the index now if it does not exist (else call :meth:`ensure_index` yourself).
 
     Raises:
-        opensearchpy.exceptions.TransportError: OpenSearch refused or could not be reached while ensuring.
+        scopekb.errors.Transient: OpenSearch could not be reached or failed while ensuring (Refused: it refused).
     """
 
     def __init__(self, client: Any, index: str, *, batch: int = 1000, replicas: int = 0, shards: int = 1,

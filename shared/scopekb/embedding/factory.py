@@ -55,7 +55,7 @@ def make_embedding_cache(settings: Settings, opensearch_client: Any | None = Non
 
     Raises:
         ValueError: ``opensearch`` without a client.
-        opensearchpy.exceptions.TransportError: the cache index cannot be ensured.
+        scopekb.errors.Transient: the cache index cannot be ensured (OpenSearch unavailable).
     """
     emb = settings.embedding
     if emb.cache == "none":

@@ -12,9 +12,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from opensearchpy import OpenSearch, helpers
+from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import NotFoundError, RequestError, TransportError
 
 from scopekb import fields as F
+from scopekb.errors import Refused, ScopekbError, Transient, translating
 from scopekb.logging import get_logger
 from scopekb.patterns import CEILING, compile_globs
 from scopekb.settings import OpenSearchSettings
@@ -119,6 +121,37 @@ def filter_clauses(flt: SearchFilter) -> list[dict[str, Any]]:
     return out
 
 
+#: OpenSearch root causes that mean "the query is too large": the caller's to fix.
+QUERY_TOO_LARGE = ("too_many_clauses", "too_many_nested_clauses")
+
+
+def backend_reason(exc: TransportError) -> str:
+    """The root cause type OpenSearch gave for a refused request (``query_shard_exception``), or its error."""
+    info = exc.info if isinstance(exc.info, dict) else {}
+    causes = (info.get("error") or {}).get("root_cause") if isinstance(info.get("error"), dict) else None
+    return str(causes[0].get("type")) if causes else str(exc.error)
+
+
+def translate_opensearch(exc: BaseException) -> ScopekbError:
+    """scopekb's error for an opensearch-py error: unreachable -> ``Transient("search backend unavailable")``; a
+    request refused as too large or malformed (400, too many clauses) -> ``Refused`` (400) naming what to reduce;
+    anything else (429, 5xx, other 4xx of a misconfigured cluster) -> ``Transient("search backend error")``."""
+    if isinstance(exc, OSConnectionError) or not isinstance(exc, TransportError):
+        return Transient("search backend unavailable")
+    reason = backend_reason(exc)
+    if exc.status_code == 400 or reason in QUERY_TOO_LARGE:
+        log.warning("opensearch_refused", status=exc.status_code, reason=reason)
+        return Refused(f"the search backend refused the query ({reason}); use fewer query terms, file patterns "
+                       "or languages", 400)
+    log.error("opensearch_error", status=exc.status_code, error=str(exc.error)[:300], reason=reason)
+    return Transient("search backend error")
+
+
+#: Applied to every OpenSearch adapter: public methods raise :mod:`scopekb.errors`, never opensearch-py types.
+opensearch_errors = translating(TransportError, translate_opensearch)
+
+
+@opensearch_errors
 class OpenSearchChunkStore:
     """Chunk documents in one OpenSearch index behind ``alias``.
 

@@ -15,6 +15,7 @@ from opensearchpy import OpenSearch
 from opensearchpy.exceptions import NotFoundError, RequestError
 
 from scopekb.stores.base import RecordStore
+from scopekb.stores.opensearch import opensearch_errors
 
 __all__ = ["OpenSearchRecordStore", "RecordStore"]
 
@@ -28,6 +29,7 @@ _KEYWORD_FIELDS: dict[str, list[str]] = {
 _DATE_FIELDS = {"created_at", "started_at", "finished_at", "indexed_at", "revoked_at", "replayed_at"}
 
 
+@opensearch_errors
 class OpenSearchRecordStore(RecordStore):
     """Records in OpenSearch system indices ``<prefix>-<kind>``."""
 

@@ -2,7 +2,7 @@
 
 Same contract as the OpenSearch stores (DESIGN §7): :class:`SqliteChunkStore` implements
 :class:`scopekb.stores.base.ChunkStore` and :class:`SqliteRecordStore` implements
-:class:`scopekb.stores.records.RecordStore`. Both may share one database file.
+:class:`scopekb.stores.base.RecordStore`. Both may share one database file.
 
 Keyword search mirrors the OpenSearch analyzers of :mod:`scopekb.fields` by tokenising in Python: at index time
 identifiers are split into parts (camelCase, snake_case, digits) and the original identifier is kept; at query time

@@ -84,5 +84,6 @@ class Connections:
 
 
 def table_exists(conn: sqlite3.Connection, name: str) -> bool:
+    """True when table or view ``name`` exists in the connection's database."""
     return conn.execute("SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name = ?",
                         (name,)).fetchone() is not None
