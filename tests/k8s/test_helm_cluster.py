@@ -30,6 +30,7 @@ import json
 import secrets
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,9 +123,19 @@ def _name(doc: dict[str, Any]) -> str:
     return f"{doc['kind']}/{doc['metadata']['name']}"
 
 
-def _namespace(kube: Kube, case: str) -> str:
+@pytest.fixture
+def namespaces(kube: Kube) -> Iterator[list[str]]:
+    """Namespaces a test made: deleted after it, passed or failed (the namespace controller empties them)."""
+    made: list[str] = []
+    yield made
+    for ns in made:
+        kube.delete("v1", "Namespace", ns)
+
+
+def _namespace(kube: Kube, case: str, made: list[str]) -> str:
     """A new namespace enforcing (and warning on, for workload objects) the restricted Pod Security Standard."""
     ns = f"{case}-{secrets.token_hex(3)}"
+    made.append(ns)
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": RESTRICTED}})
     deadline = time.monotonic() + 60  # the service-account controller gives it its "default" ServiceAccount
     while kube.read("v1", "ServiceAccount", "default", ns) is None:
@@ -263,9 +274,9 @@ def _revision_manifest(helm: str, env: dict[str, str], ns: str) -> list[dict[str
 
 @pytest.mark.parametrize("case_name", list(CASES))
 def test_release_lifecycle(case_name: str, kube: Kube, helm: str, helm_env: dict[str, str], keda_crds: list[str],
-                           tmp_path: Path) -> None:
+                           namespaces: list[str], tmp_path: Path) -> None:
     case = CASES[case_name]
-    ns = _namespace(kube, case_name)
+    ns = _namespace(kube, case_name, namespaces)
     _prepare(kube, case, ns)
 
     # 1. server-side dry run: Helm's own, then every object (hooks too) through validation and admission
@@ -321,16 +332,16 @@ def test_release_lifecycle(case_name: str, kube: Kube, helm: str, helm_env: dict
         res = kube.resource(doc["apiVersion"], doc["kind"])
         assert kube.read(doc["apiVersion"], doc["kind"], doc["metadata"]["name"],
                          ns if res.namespaced else None) is not None, f"uninstall removed {_name(doc)}"
-    kube.delete("v1", "Namespace", ns)
 
 
 @pytest.mark.parametrize("case_name", list(CASES))
 def test_init_job_is_accepted_and_its_pod_admitted(case_name: str, kube: Kube, helm: str,
-                                                  helm_env: dict[str, str], keda_crds: list[str]) -> None:
+                                                  helm_env: dict[str, str], keda_crds: list[str],
+                                                  namespaces: list[str]) -> None:
     """The pre-install/pre-upgrade hook objects, created as Helm creates them before the release: the server
     accepts them and the Job controller's Pod passes admission (it never runs: there is no kubelet)."""
     case = CASES[case_name]
-    ns = _namespace(kube, case_name)
+    ns = _namespace(kube, case_name, namespaces)
     _prepare(kube, case, ns)
     _, hooks = render_on_server(helm, helm_env, ns, case.args)
     jobs = [h for h in hooks if h["kind"] == "Job"]
@@ -357,13 +368,13 @@ def test_init_job_is_accepted_and_its_pod_admitted(case_name: str, kube: Kube, h
     spec = pods[0]["spec"]
     assert spec["containers"][0]["args"][0] == "init"
     assert spec["securityContext"]["runAsNonRoot"] is True
-    kube.delete("v1", "Namespace", ns)
 
 
-def test_keda_schema_served_by_the_server_refuses_bad_scaled_objects(kube: Kube, keda_crds: list[str]) -> None:
+def test_keda_schema_served_by_the_server_refuses_bad_scaled_objects(kube: Kube, keda_crds: list[str],
+                                                                     namespaces: list[str]) -> None:
     """The CRDs are live: a ScaledObject with a wrong type, or an unknown field under strict validation, is
     refused by the server itself (so the all-features release's ScaledObjects were really checked)."""
-    ns = _namespace(kube, "keda")
+    ns = _namespace(kube, "keda", namespaces)
     good = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "x"},
             "spec": {"scaleTargetRef": {"name": "w"}, "minReplicaCount": 0,
                      "triggers": [{"type": "redis", "metadata": {"listName": "q"}}]}}
@@ -378,13 +389,13 @@ def test_keda_schema_served_by_the_server_refuses_bad_scaled_objects(kube: Kube,
     with pytest.raises(KubeError) as refused:
         kube.create(unknown, ns, dry_run=True)
     assert "maxReplicas" in refused.value.message
-    kube.delete("v1", "Namespace", ns)
 
 
-def test_a_pod_breaking_restricted_is_refused_by_admission(kube: Kube, helm: str, helm_env: dict[str, str]) -> None:
+def test_a_pod_breaking_restricted_is_refused_by_admission(kube: Kube, helm: str, helm_env: dict[str, str],
+                                                         namespaces: list[str]) -> None:
     """The checks above can fail: a container allowed to escalate privileges is reported by the dry run
     (PodSecurity's warning) and its Pods are refused on install, with the admission message."""
-    ns = _namespace(kube, "broken")
+    ns = _namespace(kube, "broken", namespaces)
     args = ["--set", "securityContext.allowPrivilegeEscalation=true"]
     manifest, _ = render_on_server(helm, helm_env, ns, args)
     problems = server_dry_run(kube, ns, manifest)
@@ -396,4 +407,3 @@ def test_a_pod_breaking_restricted_is_refused_by_admission(kube: Kube, helm: str
     assert 'violates PodSecurity "restricted:latest"' in str(failed.value), str(failed.value)
     assert "allowPrivilegeEscalation != false" in str(failed.value), str(failed.value)
     _helm(helm, helm_env, "uninstall", RELEASE, "-n", ns)
-    kube.delete("v1", "Namespace", ns)
