@@ -11,6 +11,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from scopekb.http.unicode import install_unicode_safety
 from scopekb.logging import configure_logging
 from scopekb.runtime import ControlRuntime, build_control_runtime
 from scopekb.settings import Settings, get_settings
@@ -44,5 +45,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     configure_logging("json" if settings.log_format == "auto" else settings.log_format, settings.log_level)
     app = FastAPI(title="scopekb ingester", version="0.1.0")
+    install_unicode_safety(app)  # before the routers: their default response class
     app.include_router(health_router)
     return attach(app, build_control_runtime(settings))

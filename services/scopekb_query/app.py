@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from scopekb.http.unicode import install_unicode_safety
 from scopekb.logging import configure_logging, get_logger
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.settings import Settings, get_settings
@@ -47,6 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="scopekb query", version="0.1.0", lifespan=lifespan,
                   description="Scoped BM25 / kNN / hybrid search over code and documents for AI agents.")
+    install_unicode_safety(app)  # before the routers: their default response class
     app.state.runtime = rt
     app.state.lifespan_contexts = []
     install_metrics(app, rt)

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from scopekb.errors import Refused, Transient
+from scopekb.http.unicode import SafeJSONResponse
 from scopekb.logging import get_logger
 
 log = get_logger("scopekb.query")
@@ -22,10 +23,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Refused)
     async def _refused(_: Request, exc: Refused) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+        return SafeJSONResponse({"detail": str(exc)}, status_code=exc.status)
 
     @app.exception_handler(Transient)
     async def _transient(request: Request, exc: Transient) -> JSONResponse:
         log.error("dependency_unavailable", path=request.url.path, error=str(exc),
                   cause=type(exc.__cause__).__name__ if exc.__cause__ else None)
-        return JSONResponse({"detail": str(exc)}, status_code=503)
+        return SafeJSONResponse({"detail": str(exc)}, status_code=503)

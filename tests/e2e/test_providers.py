@@ -122,7 +122,8 @@ headers_st = st.dictionaries(
     .map(str.strip).filter(bool), max_size=6)  # what an HTTP client can send: no blank or padded values
 body_st = st.one_of(st.binary(max_size=300), st.builds(
     lambda d: __import__("json").dumps(d).encode(),
-    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    # Strings with lone surrogates and control characters too (issue 15): json.dumps sends them as escapes.
+    st.recursive(st.none() | st.booleans() | st.integers() | st.text(st.characters(exclude_categories=()), max_size=20),
                  lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(
                      ["ref", "before", "after", "repository", "push", "project", "changes", "full_name"]), c,
                      max_size=4), max_leaves=12)))

@@ -21,7 +21,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -160,3 +160,12 @@ class LoneSurrogateMiddleware:
             return msg if msg is not None else await receive()
 
         await self.app(scope, replay, send)
+
+
+def install_unicode_safety(app: FastAPI) -> None:
+    """Wire the three parts into ``app``: :class:`SafeJSONResponse` as the default response class of routes
+    included *after* this call, :func:`safe_validation_response` for FastAPI's 422, and
+    :class:`LoneSurrogateMiddleware` (call it before ``include_router``)."""
+    app.router.default_response_class = SafeJSONResponse
+    app.add_exception_handler(RequestValidationError, safe_validation_response)  # type: ignore[arg-type]
+    app.add_middleware(LoneSurrogateMiddleware)
