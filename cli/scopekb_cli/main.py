@@ -52,8 +52,13 @@ class CliError(Exception):
 
 
 def _rt() -> Runtime:
+    import logging
+
     s = get_settings()
     configure_logging("console" if s.log_format == "auto" else s.log_format, "WARNING")
+    # The clients log each failed request with its traceback; the CLI reports the failure itself, in one line.
+    for name in ("opensearch", "urllib3", "elastic_transport"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     return build_runtime(s, name="scopekb-cli")
 
 
@@ -180,8 +185,14 @@ def _check_index() -> None:
 @app.command()
 def init() -> None:
     """Create the chunk index behind its alias and the system indices, idempotently (deploy hook)."""
+    from scopekb.stores.base import StoreVersionMismatch
+
     rt = _rt()
-    name = rt.chunks.ensure_index()
+    try:
+        name = rt.chunks.ensure_index()
+    except StoreVersionMismatch as e:
+        raise CliError(f"{e} (run `scopekb reindex`, or set SCOPEKB_OPENSEARCH__ALIAS to an alias of its own)"
+                       ) from None
     for kind in ("sources", "jobs", "state", "keys"):
         rt.records.ensure(kind)
     out.print(f"index {name} behind alias {rt.chunks.alias}; system indices ready")
@@ -300,6 +311,10 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
     path = Path(target).expanduser().resolve()
     if not path.exists():
         raise CliError(f"{target} is neither a source id nor an existing path")
+    if not rt.settings.git.allow_local_paths:  # refuse before any snapshot or registration: nothing half-done
+        raise CliError(f"{path} is a local path: in the distributed profile indexing one needs "
+                       "SCOPEKB_GIT__ALLOW_LOCAL_PATHS=true (workers then read it through git's file transport); "
+                       "or register its clone URL with `scopekb source add`")
     if is_git_repo(path):
         url, branch = str(path), ref or current_branch(path)
         if branch is None:
@@ -314,7 +329,7 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
         if src.repo_url == url and src.ref == branch and src.context_id == ctx:
             return src
     body = SourceCreate(agent_name=agent, context_id=ctx, repo_url=url, ref=branch, repo_name=str(path))
-    return ops.register_source(rt, body, allow_local=True)
+    return ops.register_source(rt, body)
 
 
 @app.command()
@@ -333,6 +348,7 @@ def index(target: Annotated[str, typer.Argument(help="a folder, a local git repo
         rt.chunks.ensure_index()
     except StoreVersionMismatch as e:
         raise CliError(str(e)) from None
+    known = {x.id for x in rt.records.list_sources(agent_name=agent)}
     src = _resolve_target(rt, target, agent, context, ref)
     _embedding_banner(rt)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
@@ -345,7 +361,13 @@ def index(target: Annotated[str, typer.Argument(help="a folder, a local git repo
                                             total=total)
             bar.update(tasks[phase], completed=done, total=total)
 
-        job = run_sync(rt.sync_deps(), "cli-" + uuid.uuid4().hex[:16], [src.id], trigger="cli", progress=progress)
+        try:
+            job = run_sync(rt.sync_deps(), "cli-" + uuid.uuid4().hex[:16], [src.id], trigger="cli",
+                           progress=progress)
+        except Exception:
+            if src.id not in known:  # registered by this run and never synced: leave nothing half-done
+                ops.remove_source(rt, src.id)
+            raise
     if as_json:
         out.print_json(job.model_dump_json())
         return
@@ -378,6 +400,8 @@ def search(query: str,
     """Search as an operator within an explicit scope (agents use the query API or MCP with their keys)."""
     from rich.text import Text
 
+    from scopekb.render import one_line, terminal_text
+
     s = get_settings()
     rt = _rt()
     chosen = mode or (SearchMode.hybrid if rt.embedder is not None else SearchMode.keyword)
@@ -392,19 +416,20 @@ def search(query: str,
         out.print_json(resp.model_dump_json())
         return
     if not resp.hits:
-        out.print(f"No results for {query!r} ({chosen.value}).")
+        out.print(Text(f"No results for '{one_line(query, 200)}' ({chosen.value})."))
         return
     words = [w for w in query.replace("_", " ").split() if len(w) > 2] + [query]
     for n, h in enumerate(resp.hits, 1):
+        # Indexed paths, symbols and content are data: control characters are shown escaped (scopekb.render).
         head = Text(f"[{n}] ", style="bold")
-        head.append(f"{h.path}:{h.start_line}-{h.end_line}", style="bold cyan")
+        head.append(f"{one_line(h.path)}:{h.start_line}-{h.end_line}", style="bold cyan")
         head.append(f"  score {h.score:.2f}", style="green")
         if h.symbol:
-            head.append(f"  {h.symbol}", style="magenta")
+            head.append(f"  {one_line(h.symbol, 200)}", style="magenta")
         if context is None:
-            head.append(f"  [{h.context_id}]", style="dim")
+            head.append(f"  [{one_line(h.context_id)}]", style="dim")
         out.print(head)
-        lines = [ln for ln in h.content.splitlines() if ln.strip()][:8]
+        lines = [ln for ln in terminal_text(h.content).split("\n") if ln.strip()][:8]
         snippet = Text("\n".join("    " + ln[:120] for ln in lines))
         snippet.highlight_words(words, style="bold yellow", case_sensitive=False)
         out.print(snippet)
@@ -447,22 +472,37 @@ def main() -> None:
     from scopekb.errors import ScopekbError, Transient
     from scopekb.folders import FolderError
     from scopekb.gitrepo import GitError
+    from scopekb.stores.base import StoreVersionMismatch
 
     try:
         app()
     except Transient as e:  # OpenSearch, Redis, S3 or a git host unreachable (GitError is Transient too)
         hint = "" if isinstance(e, GitError) else " (check the SCOPEKB_OPENSEARCH/REDIS/S3 settings; " \
             "scripts/services up)"
-        err.print(f"error: {e}{hint}", markup=False, highlight=False)
-        sys.exit(1)
+        _fail(f"{e}{hint}")
     except (CliError, ScopekbError, FolderError) as e:
-        err.print(f"error: {e}", markup=False, highlight=False)
-        sys.exit(1)
+        _fail(str(e))
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(x) for x in first.get("loc", ()))
-        err.print(f"error: invalid {loc}: {first.get('msg')}", markup=False, highlight=False)
-        sys.exit(1)
+        _fail(f"invalid {loc}: {first.get('msg')}")
+    except KeyboardInterrupt:
+        err.print("interrupted", markup=False, highlight=False)
+        sys.exit(130)
+    except StoreVersionMismatch as e:
+        _fail(f"{e} (run `scopekb reindex`)")
+    except OSError as e:  # a data folder that is a file, unwritable, full; a socket refused
+        _fail(f"{e.strerror or type(e).__name__}: {e.filename or e}" if e.filename else str(e) or repr(e))
+    except Exception as e:  # noqa: BLE001 - the CLI's contract: one line, exit 1, never a traceback
+        _fail(f"{type(e).__name__}: {e}")
+
+
+def _fail(message: str) -> None:
+    """Print ``error: <message>`` as one escaped, bounded line on stderr and exit 1."""
+    from scopekb.render import one_line
+
+    err.print(f"error: {one_line(message, 400)}", markup=False, highlight=False)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,167 @@
+"""Every CLI command fails the same way on bad input or a broken environment (issue 15 item 6): one line on
+stderr starting with ``error:``, exit code 1, no traceback, and nothing half-done.
+
+The issue's inputs: ``scopekb init`` against an alias that points to a foreign index (a full traceback ending in
+``IndexVersionMismatch``), and ``scopekb index /some/folder`` in the distributed profile without
+``SCOPEKB_GIT__ALLOW_LOCAL_PATHS`` (git's ``transport 'file' not allowed`` after the source was registered).
+Siblings: other commands, unknown ids, a data folder that is a file or unreadable, a corrupt database, services
+that are not there. Embedded cases run without services; distributed ones use the real OpenSearch and Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-c", "from scopekb_cli.main import main; main()"]
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess[str], *needles: str) -> None:
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("embeddings:")]
+    assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr and "Traceback" not in p.stdout, p.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    for n in needles:
+        assert n.lower() in lines[0].lower(), (n, lines[0])
+
+
+def base_env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCOPEKB_")}
+    env.update(SCOPEKB_HOME=str(tmp / "home"), SCOPEKB_EMBEDDING__PROVIDER="none", HF_HUB_OFFLINE="1",
+               SCOPEKB_LOG_FORMAT="console")
+    return env
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    f = tmp_path / "notes"
+    f.mkdir()
+    (f / "a.md").write_text("# a\nclimarker\n")
+    return f
+
+
+# ------------------------------------------------------------------------------------------- embedded profile
+
+
+def test_embedded_bad_inputs_are_one_line_errors(tmp_path: Path, folder: Path) -> None:
+    env = base_env(tmp_path)
+    cases = [
+        (["index", str(tmp_path / "missing")], "neither a source id nor an existing path"),
+        (["index", "src_nope"], "no source"),
+        (["index", str(folder), "--ref", "dev"], "--ref applies to git repositories only"),
+        (["source", "remove", "src_nope"], "no source"),
+        (["key", "revoke", "key_nope"], "no key"),
+        (["deadletters", "replay"], "dead letter"),
+        (["search", "x", "--file", "*" * 5000], ""),
+        (["search", "   "], "query"),
+        (["serve", "nothing"], "unknown service"),
+        (["mcp"], "agent key is required"),
+        (["source", "add", "--agent", "a", "--context", "c", "--repo", "ext::sh -c id"], ""),
+        (["key", "create", "--agent", ""], "agent_name"),
+    ]
+    for args, needle in cases:
+        assert_one_line_error(run(args, env, tmp_path), needle)
+
+
+@pytest.mark.parametrize("breakage", ["data-dir-is-a-file", "data-dir-unwritable", "corrupt-database"])
+def test_embedded_broken_data_folder_is_a_one_line_error(tmp_path: Path, folder: Path, breakage: str) -> None:
+    env = base_env(tmp_path)
+    data = tmp_path / "data"
+    if breakage == "data-dir-is-a-file":
+        data.write_text("not a folder")
+    elif breakage == "data-dir-unwritable":
+        if os.geteuid() == 0:
+            data.write_text("")  # root can write anywhere: a file where the folder should be instead
+        else:
+            data.mkdir(mode=0o500)
+    else:
+        data.mkdir()
+        (data / "index.sqlite3").write_bytes(b"this is not an SQLite database" * 100)
+        (data / "records.sqlite3").write_bytes(b"this is not an SQLite database" * 100)
+    env["SCOPEKB_HOME"] = str(data)
+    for args in (["index", str(folder)], ["status"]):
+        assert_one_line_error(run(args, env, tmp_path))
+
+
+# ------------------------------------------------------------------------------------------- distributed profile
+
+
+def dist_env(tmp: Path, opensearch_url: str, redis_url: str, run_id: str) -> dict[str, str]:
+    env = base_env(tmp)
+    env.update(SCOPEKB_PROFILE="distributed", SCOPEKB_OPENSEARCH__URL=opensearch_url, SCOPEKB_REDIS__URL=redis_url,
+               SCOPEKB_OPENSEARCH__ALIAS=f"{run_id}-chunks", SCOPEKB_OPENSEARCH__SYSTEM_PREFIX=f"{run_id}-sys",
+               SCOPEKB_WORKER__QUEUE=f"{run_id}-queue", SCOPEKB_S3__BUCKET=run_id)
+    for k in ("endpoint", "access_key", "secret_key", "secure"):
+        v = os.environ.get(f"SCOPEKB_S3__{k.upper()}")
+        if v:
+            env[f"SCOPEKB_S3__{k.upper()}"] = v
+    return env
+
+
+@pytest.fixture
+def dist(tmp_path: Path, opensearch_client, opensearch_url: str, redis_url: str):
+    run_id = f"cli-{uuid.uuid4().hex[:8]}"
+    yield dist_env(tmp_path, opensearch_url, redis_url, run_id), run_id
+    opensearch_client.indices.delete(index=f"{run_id}-*", ignore_unavailable=True)
+
+
+def test_init_against_a_foreign_alias_is_one_line(tmp_path: Path, dist, opensearch_client) -> None:
+    env, run_id = dist
+    opensearch_client.indices.create(index=f"{run_id}-foreign", body={"aliases": {f"{run_id}-chunks": {}}})
+    p = run(["init"], env, tmp_path)
+    assert_one_line_error(p, "reindex")
+    assert opensearch_client.indices.exists(index=f"{run_id}-foreign")  # nothing of the foreign index touched
+    for args in (["index", "src_x"], ["worker"], ["serve", "query"]):
+        assert_one_line_error(run(args, env, tmp_path, timeout=60))
+
+
+def test_index_a_local_folder_in_the_distributed_profile_refuses_up_front(tmp_path: Path, dist, folder: Path
+                                                                          ) -> None:
+    env, _ = dist
+    for target in (folder, tmp_path / "gitrepo"):
+        if target.name == "gitrepo":
+            target.mkdir()
+            subprocess.run(["git", "init", "-q", "-b", "main", str(target)], check=True)
+        p = run(["index", str(target)], env, tmp_path)
+        assert_one_line_error(p, "SCOPEKB_GIT__ALLOW_LOCAL_PATHS")
+    listed = run(["source", "list", "--json"], env, tmp_path)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stdout  # nothing registered
+    assert not (tmp_path / "home" / "folders").exists()  # and no snapshot taken
+
+
+def test_services_that_are_not_there_are_one_line(tmp_path: Path) -> None:
+    env = dist_env(tmp_path, f"http://127.0.0.1:{closed_port()}", f"redis://127.0.0.1:{closed_port()}/0", "cli-none")
+    env["SCOPEKB_OPENSEARCH__TIMEOUT_S"] = "2"
+    for args in (["status"], ["init"]):
+        assert_one_line_error(run(args, env, tmp_path, timeout=120))
+
+
+def test_search_output_shows_indexed_control_characters_escaped(tmp_path: Path) -> None:
+    """Item 1 on the CLI: indexed names and content cannot send terminal control sequences or forge a hit."""
+    env = base_env(tmp_path)
+    f = tmp_path / "hostile"
+    f.mkdir()
+    (f / "a\n[9] evil.py:1-1  score 1.00\x1b[2J.md").write_text("escmarker \x1b]0;pwned\x07 \x1b[31mred\x1b[0m\n")
+    assert run(["index", str(f)], env, tmp_path).returncode == 0
+    p = run(["search", "escmarker"], env, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "\x1b" not in p.stdout and "\x07" not in p.stdout, p.stdout
+    assert "\\x1b[31mred" in p.stdout and "a\\n[9] evil.py" in p.stdout, p.stdout
+    assert not any(ln.startswith("[9]") for ln in p.stdout.splitlines())
