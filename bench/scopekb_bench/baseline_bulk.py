@@ -4,9 +4,11 @@ scopekb's chunk index settings and mapping. Run as a child process so its CPU ti
     python -m scopekb_bench.baseline_bulk --url URL --index NAME --docs FILE.jsonl [--dimension 384]
 
 ``FILE.jsonl`` holds one ``{"_id": ..., "_source": {...}}`` per line (exported from the pipeline's index). The
-documents are loaded first (not timed); the timed part is ``helpers.bulk`` (500 actions and at most
-``--max-chunk-bytes`` a request, like the pipeline's store) followed by a refresh, so the chunks are searchable.
-Prints one JSON object: seconds, documents, errors, CPU seconds of the timed part and the process's peak RSS.
+documents are streamed from the file into ``helpers.bulk`` (500 actions and at most ``--max-chunk-bytes`` a
+request, like the pipeline's store), never all held in memory, as the pipeline streams batches of files; then a
+refresh, so the chunks are searchable. The timed part is the read + bulk + refresh. Prints one JSON object:
+seconds, documents, errors, CPU seconds of the timed part and the process's peak RSS (``VmHWM``, for reference;
+the benchmark's memory figure is the parent's PSS sampling of this process, as for the worker).
 """
 
 from __future__ import annotations
@@ -47,8 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-chunk-bytes", type=int, default=4 * 1024 * 1024)
     args = ap.parse_args(argv)
 
-    with open(args.docs, encoding="utf-8") as fh:
-        docs = [json.loads(line) for line in fh]
     client = OpenSearch(hosts=[args.url], timeout=120)
     dim = args.dimension or None
     client.indices.create(index=args.index, body={
@@ -56,11 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         "mappings": F.chunk_mapping(dim)})
     client.cluster.health(index=args.index, wait_for_status="yellow", params={"request_timeout": 60})
 
-    actions = ({"_op_type": "index", "_index": args.index, "_id": d["_id"], "_source": d["_source"]} for d in docs)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    ok, errors = helpers.bulk(client, actions, chunk_size=500, max_chunk_bytes=args.max_chunk_bytes,
-                              raise_on_error=False, stats_only=True)
+    with open(args.docs, encoding="utf-8") as fh:
+        actions = ({"_op_type": "index", "_index": args.index, "_id": d["_id"], "_source": d["_source"]}
+                   for d in map(json.loads, fh))
+        ok, errors = helpers.bulk(client, actions, chunk_size=500, max_chunk_bytes=args.max_chunk_bytes,
+                                  raise_on_error=False, stats_only=True)
     client.indices.refresh(index=args.index)
     seconds = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)

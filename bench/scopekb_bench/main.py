@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,14 +42,27 @@ from scopekb.chunking import counter_for_model
 from scopekb.settings import ChunkingSettings, OpenSearchSettings
 from scopekb.stores.base import ScopeFilter
 from scopekb.stores.opensearch import OpenSearchChunkStore
-from scopekb_bench import corpus, embedded, embedder, gitread, pipeline, quality, query, report, webhook
+from scopekb_bench import (
+    corpus,
+    docs,
+    embedded,
+    embedder,
+    gitread,
+    pipeline,
+    quality,
+    query,
+    reference,
+    report,
+    webhook,
+)
 from scopekb_bench.profiles import FULL, QUICK, Profile
 from scopekb_bench.services import services
 from scopekb_bench.stack import ZERO, Stack, cleanup, new_admin_token, stack_env
-from scopekb_bench.util import REPO, Results, log, machine_info, summary
+from scopekb_bench.util import REPO, Metric, Results, log, machine_info, summary
 
 RESULTS_DIR = REPO / "bench" / "results"
 PUBLISH_DIR = REPO / "bench" / "report"
+DOC = REPO / "docs" / "benchmarks.md"
 ALL_PHASES = ("gitread", "keyword", "embedded", "model", "embedder")
 
 
@@ -130,15 +143,34 @@ def _ingest_metrics(res: Results, kind: str, label: str, push: pipeline.PushResu
             "helpers.bulk process + OpenSearch", better="lower",
             note=f"worker {push.worker_cpu_s:.1f} s + OpenSearch {push.opensearch_cpu_s:.1f} s; baseline client "
                  f"{base['cpu_seconds']:.1f} s + OpenSearch {base['opensearch_cpu_s']:.1f} s")
-    res.add("cost", f"cost.{kind}.peak_rss_per_1k_chunks", f"{label}: peak RSS per 1,000 chunks (worker processes)",
-            push.worker_peak_rss / 2**20 / (chunks / 1000), base["peak_rss_bytes"] / 2**20 / (base["documents"] / 1000),
-            "MiB", "helpers.bulk process (all documents in memory)", better="lower",
+    res.add("cost", f"cost.{kind}.peak_rss_per_1k_chunks",
+            f"{label}: peak memory (sampled PSS) per 1,000 chunks", push.worker_peak_rss / 2**20 / (chunks / 1000),
+            base["peak_pss_bytes"] / 2**20 / (base["documents"] / 1000), "MiB",
+            "helpers.bulk process streaming the documents from a file; PSS sampled the same way", better="lower",
             note=f"worker peak {push.worker_peak_rss / 2**20:.0f} MiB; baseline peak "
-                 f"{base['peak_rss_bytes'] / 2**20:.0f} MiB")
+                 f"{base['peak_pss_bytes'] / 2**20:.0f} MiB (its VmHWM {base['peak_rss_bytes'] / 2**20:.0f} MiB); "
+                 "both the summed PSS of the process tree sampled every 0.2 s over the measured window")
     res.add("cost", f"cost.{kind}.index_over_source", f"{label}: index bytes ÷ source bytes", idx_bytes, text_bytes,
             "bytes", "bytes of the text files indexed", better="lower",
             note=f"index {idx_bytes / 2**20:.1f} MiB (baseline bulk index {base_bytes / 2**20:.1f} MiB), text source "
                  f"{text_bytes / 2**20:.1f} MiB; {exported} documents exported for the baseline")
+
+
+REFERENCE_LABEL = ("distinct embedding inputs of the new tree not in the old tree, from both whole trees by a "
+                   "reference path (git ls-tree + cat-file, chunk, embedding text; no diff, plan or cache)")
+
+
+def _unchanged_resync(res: Results, kind: str, label: str, again: pipeline.PushResult,
+                      full: pipeline.PushResult) -> None:
+    """A second push of the commit already indexed: it must write, delete and embed nothing."""
+    j = again.job
+    touched = j["chunks_written"] + j["chunks_deleted"] + j["embeddings_computed"]
+    res.add("incremental", f"incremental.{kind}.unchanged_resync_writes",
+            f"{label}: push of the commit already indexed: chunks written + deleted + embedded ÷ full index",
+            touched, full.job["chunks_written"], "chunks", "chunks written by the full index", target="= 0",
+            better="lower", note=f"written {j['chunks_written']}, deleted {j['chunks_deleted']}, embedded "
+                                 f"{j['embeddings_computed']}, files indexed {j['files_indexed']}")
+    res.series[f"incremental_{kind}_unchanged_resync"] = {"job": j, "seconds": again.seconds}
 
 
 @dataclass
@@ -265,6 +297,10 @@ def _keyword_stack(c: Ctx, st: Stack) -> None:
               max(ch["contents"], 1), "chunks", "chunks whose content changed", better="lower",
               note="the whole file is re-indexed; unchanged chunks keep their ids and are overwritten in place")
     c.res.series["incremental_keyword_edit"] = {"job": edit.job, "changed": ch, "seconds": edit.seconds}
+    again = pipeline.measured_push(st, c.client, bare, "bench/large", large.edit.commit, large.edit.commit,
+                                   f"bench-{c.run_id}-kw-resync", key, "large", probe=large.edit.marker,
+                                   probe_in_content=large.edit.marker)
+    _unchanged_resync(c.res, "keyword", pkg, again, full)
 
 
 def _model_stack(c: Ctx, st: Stack) -> None:
@@ -283,14 +319,14 @@ def _model_stack(c: Ctx, st: Stack) -> None:
                                            c.eval_text_bytes, "")
         rel = pipeline.measured_push(st, c.client, bare, "bench/eval", ev.releases[0], ev.releases[-1],
                                      f"bench-{c.run_id}-model-release", key, "eval", probe="def")
-        ch = pipeline.changed_chunks(bare, ev.releases[0], ev.releases[-1], counter)
+        ref = reference.new_embedding_inputs(bare, ev.releases[0], ev.releases[-1], counter)
         res.add("incremental", "incremental.local_model.release_reembedded_per_changed",
-                "release push (every project's next release): chunks re-embedded ÷ chunks changed",
-                rel.job["embeddings_computed"], max(ch["contents"], 1), "chunks",
-                "distinct new chunk contents in the changed files", target="= 1.0", better="lower",
-                note=f"{ch['files']} files changed; {ch['embedding_inputs']} new embedding inputs (content + "
-                     f"path/symbol header); {rel.job['embeddings_cached']} served from the cache")
-        res.series["incremental_model_release"] = {"job": rel.job, "changed": ch, "seconds": rel.seconds}
+                "release push (every project's next release): chunks re-embedded ÷ new embedding inputs",
+                rel.job["embeddings_computed"], max(ref["new_inputs"], 1), "chunks", REFERENCE_LABEL,
+                target="= 1.0", better="lower",
+                note=f"{ref['new_inputs']} new of {ref['inputs_new']} embedding inputs in the new trees "
+                     f"({ref['inputs_old']} before); {rel.job['embeddings_cached']} served from the cache")
+        res.series["incremental_model_release"] = {"job": rel.job, "reference": ref, "seconds": rel.seconds}
     if "full" not in state:
         return
     key, alias = state["key"], st.env["SCOPEKB_OPENSEARCH__ALIAS"]
@@ -363,17 +399,21 @@ def _model_stack(c: Ctx, st: Stack) -> None:
         edit = pipeline.measured_push(st, c.client, bare, "bench/eval", ev.releases[-1], ev.edit.commit,
                                       f"bench-{c.run_id}-model-edit", key, "eval", probe=ev.edit.marker,
                                       probe_in_content=ev.edit.marker)
-        ch = pipeline.changed_chunks(bare, ev.edit.parent, ev.edit.commit, counter)
+        ref = reference.new_embedding_inputs(bare, ev.edit.parent, ev.edit.commit, counter)
         res.add("incremental", "incremental.local_model.one_file_push_time",
                 "evaluation corpus one-file push with the local model: webhook to searchable ÷ full index",
                 edit.seconds, full.seconds, "s", "full index of the corpus (same pipeline)", better="lower",
                 note=f"{edit.seconds:.2f} s vs {full.seconds:.1f} s; edited {ev.edit.path}")
         res.add("incremental", "incremental.local_model.one_file_reembedded_per_changed",
-                "one-file push: chunks re-embedded ÷ chunks changed", edit.job["embeddings_computed"],
-                max(ch["contents"], 1), "chunks", "chunks whose content changed", target="= 1.0", better="lower",
+                "one-file push: chunks re-embedded ÷ new embedding inputs", edit.job["embeddings_computed"],
+                max(ref["new_inputs"], 1), "chunks", REFERENCE_LABEL, target="= 1.0", better="lower",
                 note=f"{edit.job['chunks_written']} chunks written, {edit.job['embeddings_cached']} from the cache; "
-                     f"{ch['embedding_inputs']} new embedding inputs")
-        res.series["incremental_model_edit"] = {"job": edit.job, "changed": ch, "seconds": edit.seconds}
+                     f"{ref['new_inputs']} new embedding inputs")
+        res.series["incremental_model_edit"] = {"job": edit.job, "reference": ref, "seconds": edit.seconds}
+        again = pipeline.measured_push(st, c.client, bare, "bench/eval", ev.edit.commit, ev.edit.commit,
+                                       f"bench-{c.run_id}-model-resync", key, "eval", probe=ev.edit.marker,
+                                       probe_in_content=ev.edit.marker)
+        _unchanged_resync(res, "local_model", "evaluation corpus", again, full)
 
 
 def _embedded(c: Ctx) -> None:
@@ -478,6 +518,7 @@ EXPECTED = [
     "incremental.keyword.one_file_push_time", "incremental.keyword.one_file_chunks_written_per_changed",
     "incremental.keyword.release_push_time", "incremental.local_model.release_reembedded_per_changed",
     "incremental.local_model.one_file_push_time", "incremental.local_model.one_file_reembedded_per_changed",
+    "incremental.keyword.unchanged_resync_writes", "incremental.local_model.unchanged_resync_writes",
     "embedder.embeddings_per_s",
     "embedded.index_chunks_per_s", "embedded.keyword_search.p50", "embedded.keyword_search.p95",
     *[f"query.{m}.{p}" for m in ("keyword", "vector", "hybrid") for p in ("p50", "p95", "rps")],
@@ -489,8 +530,25 @@ EXPECTED = [
 ]
 
 
+#: Deterministic outcomes ``--check`` enforces (issue 18): metric id, what must hold, and the test on the metric.
+#: Only figures that do not depend on timing; speed and cost stay report-only.
+OUTCOMES: list[tuple[str, str, Callable[[Metric], bool]]] = [
+    ("incremental.local_model.one_file_reembedded_per_changed", "re-embedded ÷ new embedding inputs = 1.0",
+     lambda m: m.value == m.baseline),
+    ("incremental.local_model.release_reembedded_per_changed", "re-embedded ÷ new embedding inputs = 1.0",
+     lambda m: m.value == m.baseline),
+    ("quality.hybrid.ndcg10", "hybrid NDCG@10 ≥ keyword NDCG@10", lambda m: m.value >= m.baseline),
+    ("quality.ann_recall_at_10", "ANN recall@10 ≥ 0.95", lambda m: m.value >= 0.95),
+    ("incremental.keyword.unchanged_resync_writes", "unchanged re-sync writes, deletes and embeds nothing",
+     lambda m: m.value == 0),
+    ("incremental.local_model.unchanged_resync_writes", "unchanged re-sync writes, deletes and embeds nothing",
+     lambda m: m.value == 0),
+]
+
+
 def check(res: Results) -> list[str]:
-    """Problems that make a smoke run fail: missing metrics, non-finite numbers, phase errors (never speed)."""
+    """Problems that make a ``--check`` run fail: phase errors, missing metrics, non-finite numbers, and broken
+    deterministic outcomes (:data:`OUTCOMES`); never speed."""
     problems = list(res.errors)
     for mid in EXPECTED:
         m = res.get(mid)
@@ -498,6 +556,10 @@ def check(res: Results) -> list[str]:
             problems.append(f"missing metric {mid}")
         elif not all(math.isfinite(x) for x in (m.value, m.baseline, m.ratio)):
             problems.append(f"non-finite metric {mid}: {m.value} / {m.baseline}")
+    for mid, rule, holds in OUTCOMES:
+        m = res.get(mid)
+        if m is not None and all(math.isfinite(x) for x in (m.value, m.baseline)) and not holds(m):
+            problems.append(f"outcome broken: {mid}: {rule} (got {m.value:g} vs {m.baseline:g})")
     return problems
 
 
@@ -506,14 +568,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small inputs and samples (smoke run, ~5 minutes)")
     ap.add_argument("--check", action="store_true",
-                    help="exit 1 unless every metric was produced and is a finite number (never checks speed)")
+                    help="exit 1 unless every metric was produced and is a finite number and the deterministic "
+                         "outcomes hold (re-embedded ÷ changed = 1, hybrid ≥ keyword, ANN recall ≥ 0.95, nothing "
+                         "written on an unchanged re-sync); never checks speed")
     ap.add_argument("--publish", action="store_true",
                     help="also copy the report, plots and JSON to bench/report/ (for committing)")
+    ap.add_argument("--docs", action="store_true",
+                    help="only regenerate the tables of docs/benchmarks.md from bench/report/results.json")
     ap.add_argument("--phases", default=",".join(ALL_PHASES),
                     help=f"comma-separated subset of {', '.join(ALL_PHASES)} (for development)")
     ap.add_argument("--no-start", action="store_true", help="fail instead of starting services that are down")
     ap.add_argument("--keep-workdir", action="store_true", help="keep the temporary folder (repositories, logs)")
     args = ap.parse_args(argv)
+    if args.docs:
+        changed = docs.update(DOC, PUBLISH_DIR / "results.json")
+        log(f"{DOC.relative_to(REPO)} {'updated' if changed else 'already up to date'}")
+        return 0
     profile = QUICK if args.quick else FULL
     phases = tuple(p for p in args.phases.split(",") if p)
     unknown = set(phases) - set(ALL_PHASES)
@@ -569,7 +639,8 @@ def main(argv: list[str] | None = None) -> int:
     report.print_summary(data)
     if args.publish:
         report.publish(out, PUBLISH_DIR, data)
-        log(f"published to {PUBLISH_DIR.relative_to(REPO)}")
+        docs.update(DOC, PUBLISH_DIR / "results.json")
+        log(f"published to {PUBLISH_DIR.relative_to(REPO)} and regenerated the tables of {DOC.relative_to(REPO)}")
     log(f"done in {meta['seconds']:.0f} s: {out.relative_to(REPO)}/report.md")
     if args.check:
         problems = check(res)

@@ -113,17 +113,22 @@ def export_docs(client: OpenSearch, alias: str, dest: Path, agent: str, context:
 
 def baseline_bulk(client: OpenSearch, url: str, index: str, docs: Path, dimension: int | None,
                   max_chunk_bytes: int) -> dict[str, Any]:
-    """Run :mod:`scopekb_bench.baseline_bulk` in a child process; adds OpenSearch's CPU seconds over its run."""
+    """Run :mod:`scopekb_bench.baseline_bulk` in a child process; adds OpenSearch's CPU seconds over its run and
+    ``peak_pss_bytes``, the child's memory sampled exactly as the worker's is in :func:`measured_push` (summed PSS
+    of the process tree every 0.2 s, :class:`RssSampler`)."""
     os0 = opensearch_cpu_ms(client)
-    proc = subprocess.run([sys.executable, "-m", "scopekb_bench.baseline_bulk", "--url", url, "--index", index,
-                           "--docs", str(docs), "--dimension", str(dimension or 0),
-                           "--max-chunk-bytes", str(max_chunk_bytes)],
-                          capture_output=True, text=True, cwd=REPO / "bench", check=False)
+    proc = subprocess.Popen([sys.executable, "-m", "scopekb_bench.baseline_bulk", "--url", url, "--index", index,
+                             "--docs", str(docs), "--dimension", str(dimension or 0),
+                             "--max-chunk-bytes", str(max_chunk_bytes)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO / "bench")
+    with RssSampler([proc.pid]) as pss:
+        stdout, stderr = proc.communicate()
     os1 = opensearch_cpu_ms(client)
     if proc.returncode != 0:
-        raise RuntimeError(f"baseline bulk failed: {proc.stderr[-2000:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"baseline bulk failed: {stderr[-2000:]}")
+    out = json.loads(stdout.strip().splitlines()[-1])
     out["opensearch_cpu_s"] = (os1 - os0) / 1000.0  # includes index creation and loading, a slight overcount
+    out["peak_pss_bytes"] = pss.peak
     if out["errors"]:
         log(f"baseline bulk: {out['errors']} item errors")
     return out

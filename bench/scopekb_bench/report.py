@@ -50,16 +50,20 @@ def standard_notes(profile: Any) -> list[str]:
         "function bodies are dropped. Relevant = the hit's lines overlap the function in its file; only the "
         "best-ranked relevant hit counts. RRF (k = 60) fuses the service's keyword and vector lists (40 deep, the "
         "depth hybrid uses) in the benchmark, since the search API has no RRF mode.",
-        "Chunks changed = distinct chunk contents in the changed files that did not exist before the push; "
-        "re-embedded = the job's embeddings_computed (the embedding cache is keyed by the exact text, which "
-        "includes a path/symbol header).",
+        "Re-embedded ÷ changed: re-embedded = the job's embeddings_computed; changed = distinct embedding inputs "
+        "(chunk content plus its path/symbol header, the embedding cache's key) of the new tree that the old tree "
+        "did not have, computed from both whole trees by a reference path in the benchmark (git ls-tree + "
+        "cat-file, chunk, embedding text) that shares none of the pipeline's diff, plan or cache. Chunks written "
+        "÷ changed (keyword-only) counts distinct new chunk contents of the changed files.",
     ]
     notes.append("Services run as `scopekb serve` starts them (one uvicorn worker each) and the worker with "
                  "concurrency 1; the query and webhook load generators (asyncio + httpx) run in the benchmark process "
                  "on the same machine, so requests/s figures are bounded by the shared CPUs on both sides.")
-    notes.append("Memory is the peak of the summed proportional set size (PSS) of the worker's processes, sampled "
-                 "every 0.2 s; the baseline's is its peak RSS (VmHWM). CPU is user + system time of the worker's "
-                 "processes plus OpenSearch's process CPU (node stats) over the same window.")
+    notes.append("Memory, on both sides the same way: the peak of the summed proportional set size (PSS) of the "
+                 "process tree, sampled every 0.2 s over the measured window (the worker's processes from the "
+                 "webhook POST to searchable; the helpers.bulk process, which streams the documents from a file, "
+                 "from its start to its exit). CPU is user + system time of the worker's processes plus OpenSearch's "
+                 "process CPU (node stats) over the same window.")
     if profile.name == "quick":
         notes.append("QUICK profile: a small 'large' repository (click), two small evaluation projects, sampled "
                      "queries and fewer requests: a smoke run, not numbers to quote.")

@@ -1,0 +1,132 @@
+"""The benchmark's own claims (issue 18): the documented figures are the committed run's, ``--check`` fails on
+broken deterministic outcomes, and the "re-embedded ÷ changed" denominator comes from an independent reference
+path that can disagree with the pipeline."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+from scopekb_bench import docs, main, reference  # noqa: E402 - bench/ is not an installed package
+from scopekb_bench.util import Results  # noqa: E402
+
+from scopekb.chunking import chunk_document  # noqa: E402
+from scopekb.settings import ChunkingSettings  # noqa: E402
+
+RESULTS = REPO / "bench" / "report" / "results.json"
+DOC = REPO / "docs" / "benchmarks.md"
+
+
+def test_benchmarks_doc_tables_are_generated_from_the_committed_results() -> None:
+    data = json.loads(RESULTS.read_text())
+    doc = DOC.read_text()
+    assert set(docs.blocks(doc)) == set(docs.SECTIONS)
+    assert docs.render(doc, data) == doc, "docs/benchmarks.md is stale: run bench/run --docs and commit it"
+
+
+def test_every_run_the_doc_and_report_quote_is_the_committed_one() -> None:
+    run_id = json.loads(RESULTS.read_text())["meta"]["run_id"]
+    for path in (DOC, REPO / "bench" / "report" / "report.md"):
+        quoted = set(re.findall(r"[Rr]un `(\d{10,})`", path.read_text()))
+        assert quoted == {run_id}, (path.name, quoted, run_id)
+
+
+def test_committed_run_is_a_full_run_that_passes_its_checks() -> None:
+    data = json.loads(RESULTS.read_text())
+    assert data["meta"]["profile"] == "full" and not data["errors"], data["errors"]
+    res = Results()
+    for m in data["metrics"]:
+        res.add(**{k: v for k, v in m.items() if k != "ratio"})
+    assert main.check(res) == []
+
+
+def _results(**overrides: tuple[float, float]) -> Results:
+    """Every expected metric with a passing value, then ``overrides`` (``id -> (value, baseline)``)."""
+    res = Results()
+    for mid in main.EXPECTED:
+        value, baseline = overrides.get(mid, (1.0, 1.0))
+        res.add("x", mid, mid, value, baseline, "u", "b")
+    for mid in ("incremental.keyword.unchanged_resync_writes", "incremental.local_model.unchanged_resync_writes"):
+        value, baseline = overrides.get(mid, (0.0, 100.0))
+        res.add("x", mid, mid, value, baseline, "u", "b")
+    return res
+
+
+def test_check_passes_when_outcomes_hold() -> None:
+    assert main.check(_results()) == []
+
+
+@pytest.mark.parametrize(("mid", "value", "baseline"), [
+    ("incremental.local_model.one_file_reembedded_per_changed", 3, 1),   # re-embedded more than changed
+    ("incremental.local_model.release_reembedded_per_changed", 30, 37),  # missed changes
+    ("quality.hybrid.ndcg10", 0.40, 0.45),                               # hybrid below keyword
+    ("quality.ann_recall_at_10", 0.90, 1.0),                             # ANN far from exact
+    ("incremental.keyword.unchanged_resync_writes", 181, 99070),         # a no-op push wrote chunks
+    ("incremental.local_model.unchanged_resync_writes", 1, 1594),
+])
+def test_check_fails_on_a_broken_deterministic_outcome(mid: str, value: float, baseline: float) -> None:
+    problems = main.check(_results(**{mid: (value, baseline)}))
+    assert len(problems) == 1 and mid in problems[0] and "outcome broken" in problems[0], problems
+
+
+def test_check_never_looks_at_speed() -> None:
+    slow = {m: (1.0, 1e9) for m in main.EXPECTED if m.startswith(("ingest.", "query.", "webhook.", "git."))}
+    assert main.check(_results(**slow)) == []
+
+
+# ---- the independent denominator --------------------------------------------------------------------------------
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _commit(repo: Path, files: dict[str, str | None], msg: str) -> str:
+    for path, text in files.items():
+        p = repo / path
+        if text is None:
+            p.unlink()
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", msg)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+CODE = "\n\n".join(f"def f{i}(x):\n    y = x * {i}\n    return y + {i}\n" for i in range(60))
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    _git(tmp_path, "init", "-q", "-b", "main")
+    return tmp_path
+
+
+def test_reference_counts_new_embedding_inputs_of_a_rename(repo: Path) -> None:
+    """A renamed file has no new chunk *contents* (the old denominator said 0, so any re-embedding looked like
+    an excess), but every embedding input changes, because the header names the path."""
+    from scopekb_bench.pipeline import changed_chunks
+
+    old = _commit(repo, {"pkg/a.py": CODE, "README.md": "# r\n\ntext\n"}, "one")
+    new = _commit(repo, {"pkg/a.py": None, "pkg/b.py": CODE}, "rename")
+    n = len(chunk_document("pkg/b.py", CODE, "python", ChunkingSettings()))
+    ref = reference.new_embedding_inputs(repo, old, new, None)
+    assert n > 1 and ref["new_inputs"] == n, (ref, n)
+    assert changed_chunks(repo, old, new, None)["contents"] == 0  # the old, content-based denominator
+
+
+def test_reference_is_zero_for_the_same_tree_and_counts_one_edited_function(repo: Path) -> None:
+    old = _commit(repo, {"a.py": CODE, "blob.bin": "\x00\x01", "empty.py": ""}, "one")
+    assert reference.new_embedding_inputs(repo, old, old, None)["new_inputs"] == 0
+    new = _commit(repo, {"a.py": CODE.replace("return y + 7\n", "return y + 7 + 1\n")}, "edit")
+    ref = reference.new_embedding_inputs(repo, old, new, None)
+    assert 1 <= ref["new_inputs"] <= 2, ref  # the edited function's chunk (and its neighbour if they share one)
+    assert ref["inputs_new"] == ref["inputs_old"]
