@@ -35,7 +35,7 @@ def test_benchmarks_doc_tables_are_generated_from_the_committed_results() -> Non
 def test_every_run_the_doc_and_report_quote_is_the_committed_one() -> None:
     run_id = json.loads(RESULTS.read_text())["meta"]["run_id"]
     for path in (DOC, REPO / "bench" / "report" / "report.md"):
-        quoted = set(re.findall(r"[Rr]un `(\d{10,})`", path.read_text()))
+        quoted = set(re.findall(r"[Rr]un `([0-9a-f]{10,})`", path.read_text()))
         assert quoted == {run_id}, (path.name, quoted, run_id)
 
 
