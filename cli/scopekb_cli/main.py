@@ -99,7 +99,7 @@ def up(host: str = "127.0.0.1", port: int = 8000) -> None:
     server = uvicorn.Server(uvicorn.Config(api, host=host, port=port, log_level="warning", access_log=False))
     threading.Thread(target=server.run, name="http", daemon=True).start()
     err.print(f"scopekb up (embedded, data in {s.data_dir}): http://{host}:{port}  — /v1/search, /mcp, "
-              f"/webhooks/<host>, /docs")
+              f"/webhooks/<host>, /console, /docs")
     try:
         celery_app.worker_main(["worker", "--pool=solo", "--loglevel=WARNING", f"--queues={s.worker.queue}",
                                 "--without-gossip", "--without-mingle", "--without-heartbeat"])

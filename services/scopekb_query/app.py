@@ -20,6 +20,7 @@ from scopekb.http.unicode import install_unicode_safety
 from scopekb.logging import configure_logging, get_logger
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.settings import Settings, get_settings
+from scopekb_query.console import mount_console
 from scopekb_query.errors import install_error_handlers
 from scopekb_query.mcp_server import mount_mcp
 from scopekb_query.metrics import install_metrics
@@ -31,6 +32,7 @@ log = get_logger("scopekb.query")
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the query app on a runtime for ``settings`` (default :func:`scopekb.settings.get_settings`).
 
+    The operators' console is served under ``/console`` (:mod:`scopekb_query.console`).
     ``app.state.lifespan_contexts`` holds further async context managers run for the app's lifetime (the MCP
     session manager; ``scopekb up`` adds none).
     """
@@ -56,6 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in ROUTERS:
         app.include_router(router)
     mount_mcp(app, rt)
+    mount_console(app, rt)
     return app
 
 

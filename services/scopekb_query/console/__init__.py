@@ -8,13 +8,10 @@ with an agent key for a read-only view of that agent's scope. See :mod:`.routes`
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 
 from scopekb.runtime import Runtime
-from scopekb.settings import Settings
 
 from .actions import ActionRefused, ConsoleActions, OpsActions
 from .routes import Console, SignInRequired
@@ -22,13 +19,12 @@ from .routes import Console, SignInRequired
 __all__ = ["Console", "mount_console"]
 
 
-def mount_console(app: FastAPI, rt: Runtime, settings: Settings, celery: Any,
-                  actions: ConsoleActions | None = None) -> Console:
+def mount_console(app: FastAPI, rt: Runtime, actions: ConsoleActions | None = None) -> Console:
     """Add the console's routes under ``/console`` to ``app`` and its error pages.
 
     ``actions`` defaults to :class:`OpsActions` over ``rt`` (:mod:`scopekb.ops`, what the ``/v1`` routes call).
     """
-    console = Console(rt, settings, celery, actions or OpsActions(rt))
+    console = Console(rt, actions or OpsActions(rt))
     app.include_router(console.router(), prefix="/console")
 
     async def _error(request: Request, exc: Exception) -> Response:

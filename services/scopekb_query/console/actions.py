@@ -8,10 +8,12 @@ calling any of them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 from scopekb import ops
-from scopekb.errors import NotFound, Refused
+from scopekb.errors import NotFound, Refused, Transient
 from scopekb.models import DeadLetter, KeyCreate, SourceCreate
 from scopekb.runtime import Runtime
 
@@ -61,57 +63,54 @@ class ConsoleActions(Protocol):
         ...
 
 
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """scopekb's :class:`~scopekb.errors.Refused` (4xx) and :class:`~scopekb.errors.Transient` (503, the queue
+    or a store is down) become :class:`ActionRefused` with the same status and message."""
+    try:
+        yield
+    except (Refused, Transient) as e:
+        raise ActionRefused(e.status, str(e)) from None
+
+
 class OpsActions:
-    """:class:`ConsoleActions` through :mod:`scopekb.ops` on the query service's runtime; scopekb's
-    :class:`~scopekb.errors.Refused` becomes :class:`ActionRefused` with the same status."""
+    """:class:`ConsoleActions` through :mod:`scopekb.ops` on the query service's runtime."""
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 
-    @staticmethod
-    def _refused(e: Refused) -> ActionRefused:
-        return ActionRefused(e.status, str(e))
-
     def add_source(self, body: SourceCreate) -> dict[str, Any]:
-        try:
+        with _refusals():
             return ops.register_source(self.rt, body).public()
-        except Refused as e:
-            raise self._refused(e) from None
 
     def remove_source(self, source_id: str) -> dict[str, Any]:
-        try:
+        with _refusals():
             return {"deleted": True, "chunks_deleted": ops.remove_source(self.rt, source_id)}
-        except Refused as e:
-            raise self._refused(e) from None
 
     def sync_source(self, source_id: str) -> str:
-        try:
+        with _refusals():
             return ops.sync_source(self.rt, source_id, "manual")
-        except Refused as e:
-            raise self._refused(e) from None
 
     def create_key(self, agent_name: str, context_ids: list[str] | None, label: str | None) -> dict[str, Any]:
         try:
             body = KeyCreate(agent_name=agent_name, context_ids=context_ids, label=label)
         except ValueError as e:
             raise ActionRefused(422, str(e)) from None
-        rec, secret = ops.create_key(self.rt, body)
+        with _refusals():
+            rec, secret = ops.create_key(self.rt, body)
         return {"id": rec.id, "key": secret, "agent_name": rec.agent_name, "context_ids": rec.context_ids}
 
     def revoke_key(self, key_id: str) -> None:
-        try:
+        with _refusals():
             ops.revoke_key(self.rt, key_id)
-        except Refused as e:
-            raise self._refused(e) from None
 
     def replay_dead_letter(self, dl_id: str) -> str:
-        try:
+        with _refusals():
             return ops.replay_dead_letter(self.rt, dl_id)
-        except Refused as e:
-            raise self._refused(e) from None
 
     def list_dead_letters(self, include_replayed: bool) -> list[DeadLetter]:
-        return ops.list_dead_letters(self.rt, include_replayed)
+        with _refusals():
+            return ops.list_dead_letters(self.rt, include_replayed)
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
         try:

@@ -38,24 +38,33 @@ def _probe(name: str, fn: Any) -> Check:
         return Check(name, False, f"error: {type(e).__name__}: {str(e)[:200]}")
 
 
-def health_checks(rt: Runtime, celery: Any) -> list[Check]:
-    """Probe the chunk store, Redis, the blob store, the sync queue and the workers of ``rt``'s profile."""
-    settings = rt.settings
-    if rt.opensearch_client is None:  # the embedded profile's runtime (SQLite stores, blob folder)
+def health_checks(rt: Runtime) -> list[Check]:
+    """Probe the chunk store, the coordination backend, the blob store, the sync queue and the workers."""
+    if rt.profile == "embedded":
         return [
-            _probe("index (SQLite)", lambda: (True, f"{rt.chunks.count()} chunks")),
-            Check("Redis", None, "not used: embedded profile (in-memory coordination)"),
+            _probe(f"index ({rt.chunks.kind})", lambda: _local_index(rt)),
+            _probe(f"coordination ({rt.coord.kind})", lambda: _local_coordination(rt)),
             Check("blob store", True, f"folder {getattr(rt.blobs, 'root', '')}"),
             Check("queue depth", None, "in-process queue: not measurable"),
             Check("workers", None, "one in-process worker (scopekb up)"),
         ]
     return [
         _probe("OpenSearch", lambda: _opensearch(rt)),
-        _probe("Redis", lambda: _redis(settings)),
+        _probe("Redis", lambda: _redis(rt)),
         _probe("S3", lambda: _s3(rt)),
-        _probe("queue depth", lambda: _queue_depth(settings)),
-        _probe("workers", lambda: _workers(celery)),
+        _probe("queue depth", lambda: _queue_depth(rt)),
+        _probe("workers", lambda: _workers(rt.tasks.app)),
     ]
+
+
+def _local_index(rt: Runtime) -> tuple[bool, str]:
+    rt.chunks.health()
+    return True, f"{rt.chunks.count()} chunks"
+
+
+def _local_coordination(rt: Runtime) -> tuple[bool, str]:
+    rt.coord.ping()
+    return True, "in this process"
 
 
 def _opensearch(rt: Runtime) -> tuple[bool, str]:
@@ -65,16 +74,9 @@ def _opensearch(rt: Runtime) -> tuple[bool, str]:
                                            f"{h.get('number_of_nodes')} node(s), {rt.chunks.count()} chunks")
 
 
-def _redis_client(settings: Any) -> Any:
-    import redis
-
-    return redis.Redis.from_url(settings.redis.url, socket_timeout=2, socket_connect_timeout=2)
-
-
-def _redis(settings: Any) -> tuple[bool, str]:
-    client = _redis_client(settings)
-    client.ping()
-    info = client.info("server")
+def _redis(rt: Runtime) -> tuple[bool, str]:
+    rt.coord.ping()
+    info = rt.coord.client.info("server")  # type: ignore[attr-defined]
     return True, f"version {info.get('redis_version')}, up {info.get('uptime_in_seconds')} s"
 
 
@@ -84,9 +86,9 @@ def _s3(rt: Runtime) -> tuple[bool, str]:
     return bool(exists), f"bucket {bucket}: {'present' if exists else 'missing'}"
 
 
-def _queue_depth(settings: Any) -> tuple[bool, str]:
-    client = _redis_client(settings)
-    queue = settings.worker.queue
+def _queue_depth(rt: Runtime) -> tuple[bool, str]:
+    client = rt.coord.client  # type: ignore[attr-defined] - the broker is the same Redis
+    queue = rt.settings.worker.queue
     depth = sum(int(client.llen(queue + suffix)) for suffix in _PRIORITY_SUFFIXES)
     return True, f"{depth} task(s) waiting in {queue}"
 

@@ -24,7 +24,6 @@ from scopekb.logging import get_logger
 from scopekb.models import Job, SearchRequest, Source, SourceCreate
 from scopekb.runtime import Runtime
 from scopekb.search import SearchUnavailable, run_search
-from scopekb.settings import Settings
 from scopekb.status import source_status
 from scopekb.stores.base import ScopeFilter
 
@@ -80,9 +79,9 @@ class Viewer:
 class Console:
     """The console's state and handlers; :meth:`router` returns them as an :class:`APIRouter`."""
 
-    def __init__(self, rt: Runtime, settings: Settings, celery: Any, actions: ConsoleActions) -> None:
-        self.rt, self.settings, self.celery, self.actions = rt, settings, celery, actions
-        admin = settings.query.admin_token
+    def __init__(self, rt: Runtime, actions: ConsoleActions) -> None:
+        self.rt, self.settings, self.actions = rt, rt.settings, actions
+        admin = rt.settings.query.admin_token
         self.admin_token = admin.get_secret_value() if admin is not None else None
         self.codec = SessionCodec(self.admin_token)
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -93,7 +92,7 @@ class Console:
              **context: Any) -> HTMLResponse:
         """Render template ``name`` with the viewer, its CSRF token and the security headers."""
         context.update(viewer=viewer, csrf=viewer.session.csrf if viewer else "",
-                       embedded=self.rt.opensearch_client is None)
+                       embedded=self.rt.profile == "embedded")
         resp = self.templates.TemplateResponse(request, name, context, status_code=status)
         resp.headers.update(SECURITY_HEADERS)
         return resp
@@ -363,7 +362,7 @@ class Console:
     def health(self, request: Request) -> HTMLResponse:
         viewer = self.admin_page(request)
         jobs = self.rt.records.list_jobs(None, size=10)
-        return self.page(request, viewer, "health.html", checks=health_checks(self.rt, self.celery), jobs=jobs,
+        return self.page(request, viewer, "health.html", checks=health_checks(self.rt), jobs=jobs,
                          dead_letters=len(self.actions.list_dead_letters(include_replayed=False)))
 
     def static(self, name: str) -> Response:

@@ -61,12 +61,6 @@ class ConsoleStack:
             self.logs.glob("*.log")))
 
 
-def _query_command(port: int) -> list[str]:
-    """The query service with the console mounted."""
-    return [sys.executable, "-m", "uvicorn", "tests.e2e.browser.console_app:create_app", "--factory",
-            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
-
-
 @pytest.fixture(scope="module")
 def console_stack(stack_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleStack]:
     """Query service (+ console) and a Celery worker as processes; a failing sync is parked at once
@@ -81,7 +75,7 @@ def console_stack(stack_env: dict[str, str], tmp_path_factory: pytest.TempPathFa
     st = ConsoleStack(url=f"http://127.0.0.1:{port}", env=env, logs=logs)
     subprocess.run([sys.executable, "-m", "scopekb_cli.main", "init"], env=env, cwd=ROOT, check=True,
                    capture_output=True)
-    cmds = {"query": _query_command(port),
+    cmds = {"query": [sys.executable, "-m", "scopekb_cli.main", "serve", "query", "--port", str(port)],
             "worker": [sys.executable, "-m", "scopekb_cli.main", "worker", "--concurrency", "1"]}
     try:
         st.procs = start_procs(cmds, env, logs)

@@ -94,10 +94,16 @@ def test_add_source_and_watch_its_job_finish(admin: Any, console_stack: ConsoleS
     assert int(admin.find_element(By.CSS_SELECTOR, "[data-field=chunks_written]").text) >= 2
     shot(admin, "03-job-done")
     world["alpha_job"] = job_id
-    admin.get(console_stack.url + "/console/sources")
-    row = admin.find_element(By.XPATH, "//tr[td/a[text()='acme/alpha']]")
-    assert "alpha / main" in row.text and "done" in row.text and "up to date" in row.text
-    world["alpha_source"] = row.find_element(By.TAG_NAME, "a").get_attribute("href").rsplit("/", 1)[1]
+
+    def alpha_row() -> Any:  # job lists are searched: the sources page follows the job within a refresh (1 s)
+        admin.get(console_stack.url + "/console/sources")
+        row = admin.find_element(By.XPATH, "//tr[td/a[text()='acme/alpha']]")
+        return row if "done" in row.text and "up to date" in row.text else None
+
+    row = wait_until(alpha_row, 30, "the source's row showing its finished job")
+    assert "alpha / main" in row.text  # type: ignore[attr-defined]
+    link = row.find_element(By.TAG_NAME, "a")  # type: ignore[attr-defined]
+    world["alpha_source"] = link.get_attribute("href").rsplit("/", 1)[1]
     shot(admin, "04-sources")
     admin.get(console_stack.url + f"/console/sources/{world['alpha_source']}")
     assert job_id in admin.page_source
@@ -224,10 +230,12 @@ def test_health_page_reports_every_service(admin: Any, console_stack: ConsoleSta
 
 def _post_routes() -> list[str]:
     """Every state-changing console route, read from the router itself (a new form cannot be forgotten)."""
+    from types import SimpleNamespace
+
     from scopekb.settings import Settings
     from scopekb_query.console import Console
 
-    console = Console(None, Settings(), None, None)  # type: ignore[arg-type]
+    console = Console(SimpleNamespace(settings=Settings()), None)  # type: ignore[arg-type]
     return sorted({"/console" + r.path for r in console.router().routes if "POST" in getattr(r, "methods", ())})
 
 
