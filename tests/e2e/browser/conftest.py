@@ -64,11 +64,12 @@ class ConsoleStack:
 @pytest.fixture(scope="module")
 def console_stack(stack_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleStack]:
     """Query service (+ console) and a Celery worker as processes; a failing sync is parked at once
-    (``worker.max_retries=0``) so the dead-letter page has something to replay."""
+    (``worker.max_retries=0``) so the dead-letter page has something to replay. Blobs share the session's bucket
+    (content-addressed; one S3 collection fewer)."""
     run = uuid.uuid4().hex[:8]
     env = {**stack_env, "SCOPEKB_OPENSEARCH__ALIAS": f"ui-{run}-chunks",
            "SCOPEKB_OPENSEARCH__SYSTEM_PREFIX": f"ui-{run}-sys", "SCOPEKB_WORKER__QUEUE": f"ui-{run}",
-           "SCOPEKB_S3__BUCKET": f"ui-{run}", "SCOPEKB_WORKER__MAX_RETRIES": "0",
+           "SCOPEKB_WORKER__MAX_RETRIES": "0",
            "SCOPEKB_EMBEDDING__PROVIDER": "none"}
     logs = tmp_path_factory.mktemp("console-logs")
     port = free_port()
