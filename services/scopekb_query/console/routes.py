@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
-from scopekb.auth import ApiKey, AuthError, hash_key, resolve_scope, tokens_equal
+from scopekb.auth import ApiKey, AuthError, resolve_scope, tokens_equal
 from scopekb.logging import get_logger
 from scopekb.models import Job, SearchRequest, Source, SourceCreate
 from scopekb.runtime import Runtime
@@ -174,9 +174,8 @@ class Console:
         if self.admin_token is not None and token and tokens_equal(token, self.admin_token):
             role = "admin"
         elif token:
-            docs = self.rt.records.find("keys", size=1, key_hash=hash_key(token))
-            key = ApiKey.model_validate(docs[0]) if docs else None
-            if key is not None and key.revoked_at is None:
+            key = self.rt.keys(token)  # the runtime's key lookup, shared with REST and MCP (None: unknown/revoked)
+            if key is not None:
                 role, key_id = "agent", key.id
         if role is None:
             log.info("console_sign_in_refused")
