@@ -328,3 +328,14 @@ def test_metrics_refusal_rules() -> None:
     tok = HttpSettings(metrics_token=SecretStr("m"))
     assert metrics_refusal(tok, None)[0] == 401 and metrics_refusal(tok, "Bearer n")[0] == 401
     assert metrics_refusal(tok, "Bearer m") is None
+
+
+def test_route_limits_pick_the_most_specific_rule() -> None:
+    limits = RequestLimits(default_max_bytes=10, routes=(
+        RouteLimit("/webhooks/", 100), RouteLimit("/v1/sources/", 1000, json=False, methods=("POST",),
+                                                  suffix="/documents")))
+    assert limits.route("/webhooks/github", "POST").max_bytes == 100
+    assert limits.route("/v1/sources/src_1/documents", "POST").max_bytes == 1000
+    assert limits.route("/v1/sources/src_1/documents", "GET").max_bytes == 10
+    assert limits.route("/v1/sources/src_1/sync", "POST").max_bytes == 10
+    assert limits.route("/v1/search", "POST").max_bytes == 10

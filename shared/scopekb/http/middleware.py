@@ -47,12 +47,14 @@ class RouteLimit:
         max_bytes: largest body accepted, in bytes.
         json: measure JSON nesting of the body (off for raw document uploads).
         methods: only these methods (upper case); empty means all.
+        suffix: the path must also end with this (``/documents`` under ``/v1/sources/``).
     """
 
     prefix: str
     max_bytes: int
     json: bool = True
     methods: tuple[str, ...] = ()
+    suffix: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,8 @@ class RequestLimits:
         """The limit for a request (longest matching prefix; the default cap when none matches)."""
         best: RouteLimit | None = None
         for r in self.routes:
-            if path.startswith(r.prefix) and (not r.methods or method in r.methods):
-                if best is None or len(r.prefix) > len(best.prefix):
+            if path.startswith(r.prefix) and path.endswith(r.suffix) and (not r.methods or method in r.methods):
+                if best is None or len(r.prefix) + len(r.suffix) > len(best.prefix) + len(best.suffix):
                     best = r
         return best or RouteLimit("", self.default_max_bytes)
 
