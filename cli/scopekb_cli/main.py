@@ -76,8 +76,11 @@ def serve(service: Annotated[str, typer.Argument(help="ingester or query")],
     target, default_port = factories[service]
     if service == "query":
         _check_index()
+    from scopekb.http.server import uvicorn_options
+
+    # Read/idle timeouts and connection limits from http.* (issue 16, docs/security.md).
     uvicorn.run(target, factory=True, host=host, port=port or default_port, workers=workers,
-                log_level="warning", access_log=False)
+                log_level="warning", access_log=False, **uvicorn_options(get_settings().http))
 
 
 @app.command()
@@ -96,7 +99,10 @@ def up(host: str = "127.0.0.1", port: int = 8000) -> None:
     from scopekb_worker.app import app as celery_app
 
     api = attach_webhooks(query_app(s), build_control_runtime(s))  # one process: the same embedded runtime
-    server = uvicorn.Server(uvicorn.Config(api, host=host, port=port, log_level="warning", access_log=False))
+    from scopekb.http.server import uvicorn_options
+
+    server = uvicorn.Server(uvicorn.Config(api, host=host, port=port, log_level="warning", access_log=False,
+                                           **uvicorn_options(s.http)))
     threading.Thread(target=server.run, name="http", daemon=True).start()
     err.print(f"scopekb up (embedded, data in {s.data_dir}): http://{host}:{port}  — /v1/search, /mcp, "
               f"/webhooks/<host>, /console, /docs")
@@ -203,11 +209,17 @@ def source_add(agent: Annotated[str, typer.Option("--agent", help="agent name")]
                context: Annotated[str, typer.Option("--context", help="context id")],
                repo: Annotated[str, typer.Option("--repo", help="clone URL (https/ssh) or local path")],
                ref: str = "main", repo_name: str | None = None,
-               secret: Annotated[str | None, typer.Option(help="webhook secret")] = None) -> None:
-    """Register a repository + branch for one scope; prints the source id."""
+               secret: Annotated[str | None, typer.Option(help="webhook secret (generated when not given)")] = None,
+               webhooks: Annotated[bool, typer.Option(help="driven by push webhooks; --no-webhooks: refuse "
+                                                           "deliveries, sync by CLI/API/reconcile only")] = True
+               ) -> None:
+    """Register a repository + branch for one scope; prints the source id, and a generated webhook secret once."""
     body = SourceCreate(agent_name=agent, context_id=context, repo_url=repo, ref=ref, repo_name=repo_name,
-                        webhook_secret=secret)
-    out.print(ops.register_source(_rt(), body).id)
+                        webhook_secret=secret, webhooks=webhooks)
+    view = ops.registration_view(body, ops.register_source(_rt(), body))
+    out.print(view["id"])
+    if "webhook_secret" in view:
+        err.print(f"webhook secret (shown once, configure it on the git host): {view['webhook_secret']}")
 
 
 @source_app.command("list")
@@ -328,7 +340,9 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
     for src in rt.records.list_sources(agent_name=agent):
         if src.repo_url == url and src.ref == branch and src.context_id == ctx:
             return src
-    body = SourceCreate(agent_name=agent, context_id=ctx, repo_url=url, ref=branch, repo_name=str(path))
+    # `scopekb index` syncs on demand: the source is not webhook-driven and refuses deliveries (issue 16).
+    body = SourceCreate(agent_name=agent, context_id=ctx, repo_url=url, ref=branch, repo_name=str(path),
+                        webhooks=False)
     return ops.register_source(rt, body)
 
 

@@ -7,10 +7,11 @@ router to the embedded all-in-one app with :func:`attach`.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI
-from fastapi.responses import PlainTextResponse
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from scopekb.http.exposure import fastapi_options, guarded_metrics, harden, route_limits
 from scopekb.http.unicode import install_unicode_safety
 from scopekb.logging import configure_logging
 from scopekb.runtime import ControlRuntime, build_control_runtime
@@ -28,9 +29,10 @@ def healthz() -> dict[str, str]:
 
 
 @health_router.get("/metrics")
-def metrics() -> PlainTextResponse:
-    """Prometheus metrics."""
-    return PlainTextResponse(generate_latest().decode(), media_type=CONTENT_TYPE_LATEST)
+def metrics(request: Request) -> Response:
+    """Prometheus metrics (``http.expose_metrics``; ``http.metrics_token`` when set)."""
+    return guarded_metrics(request, lambda: PlainTextResponse(generate_latest().decode(),
+                                                              media_type=CONTENT_TYPE_LATEST))
 
 
 def attach(app: FastAPI, rt: ControlRuntime) -> FastAPI:
@@ -44,7 +46,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the ingester app. Settings default to :func:`scopekb.settings.get_settings`."""
     settings = settings or get_settings()
     configure_logging("json" if settings.log_format == "auto" else settings.log_format, settings.log_level)
-    app = FastAPI(title="scopekb ingester", version="0.1.0")
+    app = FastAPI(title="scopekb ingester", version="0.1.0", **fastapi_options(settings.http))
     install_unicode_safety(app)  # before the routers: their default response class
     app.include_router(health_router)
-    return attach(app, build_control_runtime(settings))
+    attach(app, build_control_runtime(settings))
+    # Body caps while streaming, JSON depth, body deadline, security headers (issue 16). Webhook bodies are
+    # judged by their signatures, which cover the body: no gate before reading.
+    harden(app, settings.http, title="scopekb ingester", routes=route_limits(settings))
+    return app

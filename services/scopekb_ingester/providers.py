@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from scopekb.http.jsonlimits import JsonTooDeep, loads_bounded
 from scopekb.http.unicode import LONE_SURROGATE, lone_surrogate_at
 from scopekb.models import ZERO_SHA
 from scopekb.render import one_line
@@ -128,7 +128,8 @@ def decode_body(body: bytes, content_type: str | None) -> dict[str, Any]:
     """Decode a webhook body: JSON, or form-encoded with the JSON in ``payload=`` (GitHub's form option).
 
     Raises:
-        BadRequest: not decodable, not a JSON object, or a string in it holds a lone UTF-16 surrogate.
+        BadRequest: not decodable, nested deeper than ``http.json_max_depth`` (64), not a JSON object, or a string
+            in it holds a lone UTF-16 surrogate.
     """
     ctype = (content_type or "").split(";")[0].strip().lower()
     try:
@@ -136,11 +137,13 @@ def decode_body(body: bytes, content_type: str | None) -> dict[str, Any]:
             form = parse_qs(body.decode("utf-8"), strict_parsing=False)
             if "payload" not in form:
                 raise BadRequest("form body has no payload field")
-            data = json.loads(form["payload"][0])
+            data = loads_bounded(form["payload"][0])
         else:
-            data = json.loads(body)
+            data = loads_bounded(body)  # nesting checked first: never a RecursionError (issue 16)
     except BadRequest:
         raise
+    except JsonTooDeep as e:
+        raise BadRequest(str(e)) from None
     except (UnicodeDecodeError, ValueError):
         raise BadRequest("body is not valid JSON") from None
     if not isinstance(data, dict):

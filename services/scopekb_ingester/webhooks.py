@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 from typing import Annotated
 from urllib.parse import unquote_plus
 
@@ -21,9 +20,10 @@ from prometheus_client import Counter
 from starlette.concurrency import run_in_threadpool
 
 from scopekb import ops
+from scopekb.http.jsonlimits import loads_bounded
 from scopekb.logging import bind_context, clear_context, get_logger
 from scopekb.models import Source
-from scopekb.sources import matching_sources, sources_of_owner
+from scopekb.sources import delivery_targets, matching_sources, sources_of_owner
 from scopekb_ingester.providers import PROVIDERS, BadRequest, Parsed, Provider, decode_body
 from scopekb_ingester.state import Ingester, ingester
 
@@ -72,21 +72,21 @@ async def s3_events(request: Request, ing: Ing) -> JSONResponse:
     cfg = ing.rt.settings.ingester
     if cfg.s3_event_token is None:
         return _err(404, "object-store events are not enabled", "s3", "disabled")
+    # The token is a header: judged before a byte of the body is read (the body cap holds while streaming).
+    given = request.headers.get("x-scopekb-token") or ""
+    if not hmac.compare_digest(given.encode("utf-8", "replace"), cfg.s3_event_token.get_secret_value().encode()):
+        return _err(401, "invalid token", "s3", "bad_signature")
     raw = await request.body()
     if len(raw) > cfg.max_body_bytes:
         return _err(413, "body too large", "s3", "too_large")
-    return await run_in_threadpool(_process_s3, ing, raw, request.headers.get("x-scopekb-token") or "")
+    return await run_in_threadpool(_process_s3, ing, raw)
 
 
-def _process_s3(ing: Ingester, raw: bytes, given: str) -> JSONResponse:
-    """Verify, find the covering sources, dedupe and enqueue (blocking clients, off the event loop)."""
+def _process_s3(ing: Ingester, raw: bytes) -> JSONResponse:
+    """Find the covering sources, dedupe and enqueue (blocking clients, off the event loop)."""
     settings = ing.rt.settings
-    token = settings.ingester.s3_event_token
-    assert token is not None
-    if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
-        return _err(401, "invalid token", "s3", "bad_signature")
     try:
-        records = json.loads(raw).get("Records")
+        records = loads_bounded(raw).get("Records")
         changed = {(r["s3"]["bucket"]["name"], unquote_plus(r["s3"]["object"]["key"])) for r in records}
     except (ValueError, AttributeError, TypeError, KeyError):
         return _err(400, "body must be an S3 event with Records[].s3.bucket.name and .object.key", "s3",
@@ -195,8 +195,8 @@ def _candidates(sources: list[Source], parsed: Parsed) -> list[Source]:
 def _eligible(ing: Ingester, provider: str, prov: Provider, parsed: Parsed, raw: bytes,
               headers: dict[str, str]) -> list[Source] | JSONResponse:
     """The registered sources the delivery concerns (:func:`_candidates`) whose own secret (current or previous,
-    during rotation) signed this body; or the answer: 503 registry down, 404 unknown repository, 401 bad
-    signature."""
+    during rotation) signed this body; or the answer: 503 registry down, 404 unknown repository or none of its
+    sources takes deliveries (no secret, or ``webhooks: false``), 401 bad or missing signature."""
     repo = parsed.repository
     cached = _sources(ing, provider)
     if isinstance(cached, JSONResponse):
@@ -211,7 +211,11 @@ def _eligible(ing: Ingester, provider: str, prov: Provider, parsed: Parsed, raw:
         log.info("webhook_unknown_repository", repository=repo.full_name, owner=parsed.owner)
         return _err(404, "not found", provider, "unknown_repo")
     sig = prov.header(headers, prov.signature_headers)
-    eligible = [s for s in found if not s.secrets() or prov.verify(s.secrets(), raw, sig)]
+    # Only webhook-driven sources with a secret take part (issue 16): an unsigned delivery changes nothing.
+    eligible, refusal = delivery_targets(found, lambda secrets: prov.verify(secrets, raw, sig))
+    if refusal == 404:
+        log.info("webhook_refused_not_webhook_driven", repository=repo.full_name)
+        return _err(404, "not found", provider, "not_webhook_driven")
     if not eligible:
         log.warning("webhook_bad_signature", repository=repo.full_name, owner=parsed.owner)
         anonymous = not (repo.urls or repo.full_name or parsed.owner)

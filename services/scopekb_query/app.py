@@ -16,11 +16,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from scopekb.http.exposure import fastapi_options, harden, route_limits
 from scopekb.http.unicode import install_unicode_safety
 from scopekb.logging import configure_logging, get_logger
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.settings import Settings, get_settings
 from scopekb_query.console import mount_console
+from scopekb_query.deps import bearer_gate
 from scopekb_query.errors import install_error_handlers
 from scopekb_query.mcp_server import mount_mcp
 from scopekb_query.metrics import install_metrics
@@ -49,7 +51,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
 
     app = FastAPI(title="scopekb query", version="0.1.0", lifespan=lifespan,
-                  description="Scoped BM25 / kNN / hybrid search over code and documents for AI agents.")
+                  description="Scoped BM25 / kNN / hybrid search over code and documents for AI agents.",
+                  **fastapi_options(settings.http))
     install_unicode_safety(app)  # before the routers: their default response class
     app.state.runtime = rt
     app.state.lifespan_contexts = []
@@ -59,6 +62,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     mount_mcp(app, rt)
     mount_console(app, rt)
+    # Issue 16: bodies judged before and while they are read (bearer gate, per-route caps, JSON depth, deadline),
+    # security headers on every answer, /docs from local assets. ``scopekb up`` adds the webhook routes later:
+    # their cap is among route_limits.
+    harden(app, settings.http, title="scopekb query", routes=route_limits(settings), gate=bearer_gate(rt))
     return app
 
 

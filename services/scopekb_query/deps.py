@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
 from scopekb.auth import ApiKey, tokens_equal
+from scopekb.http.middleware import Gate
 from scopekb.runtime import Runtime
 
 
@@ -29,7 +31,13 @@ Rt = Annotated[Runtime, Depends(runtime)]
 def caller(request: Request, rt: Rt) -> Caller:
     """The caller of ``Authorization: Bearer <key>``: the admin token, or a live agent key (the runtime's cached
     :class:`scopekb.auth.KeyLookup`, shared with MCP). 401 without a bearer key or for an unknown/revoked key."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return caller_of(rt, request.headers.get("authorization", ""))
+
+
+def caller_of(rt: Runtime, authorization: str) -> Caller:
+    """:func:`caller` on an ``Authorization`` header value (also used before a body is read, see
+    :func:`bearer_gate`). Raises ``HTTPException`` 401."""
+    scheme, _, token = authorization.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise HTTPException(401, "missing bearer key", headers={"WWW-Authenticate": "Bearer"})
@@ -55,3 +63,29 @@ def admin_only(c: CallerDep, rt: Rt) -> Caller:
 
 
 ADMIN = [Depends(admin_only)]
+
+
+#: Paths whose every route needs a bearer key (the console signs in with a cookie; webhooks carry signatures).
+GATED_PREFIXES = ("/v1/", "/mcp")
+
+
+def bearer_gate(rt: Runtime) -> Gate:
+    """A gate for :class:`scopekb.http.RequestLimitsMiddleware`: requests under :data:`GATED_PREFIXES` without a
+    live bearer key (or the admin token) get 401 before a byte of their body is read (issue 16: three
+    unauthenticated 200 MB searches were read whole). A key store that cannot answer lets the request through to
+    the route, which answers 503 itself."""
+
+    async def gate(scope: dict[str, Any]) -> tuple[int, str, dict[str, str]] | None:
+        if not str(scope.get("path", "")).startswith(GATED_PREFIXES):
+            return None
+        authorization = next((v.decode("latin-1") for k, v in scope.get("headers") or () if k == b"authorization"),
+                             "")
+        try:
+            await run_in_threadpool(caller_of, rt, authorization)
+        except HTTPException as e:
+            return e.status_code, str(e.detail), dict(e.headers or {})
+        except Exception:  # noqa: BLE001 - the key store is down: the route itself answers 503
+            return None
+        return None
+
+    return gate

@@ -12,6 +12,7 @@ import hmac
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -106,25 +107,43 @@ class KeyLookup:
     """Resolve a bearer key to its stored :class:`ApiKey` - the one lookup REST and MCP share.
 
     Lookups are cached for ``ttl_s`` seconds (``sha256 -> (monotonic time, key)``) so most requests do no store
-    I/O; :meth:`forget` empties the cache (a revocation takes effect at once in this process, within ``ttl_s``
-    in others).
+    I/O; :meth:`forget` empties the cache. With ``version`` (the coordination's keys version, bumped by every
+    revocation) the version is read on every lookup and a change empties the cache first: a revocation made
+    anywhere applies to the next request of every replica (issue 16). If ``version`` fails (Redis unreachable)
+    the cache falls back to ``ttl_s``. ``ttl_s=0`` caches nothing (the embedded profile: SQLite is local).
     """
 
-    def __init__(self, records: Any, ttl_s: float = KEY_CACHE_TTL_S) -> None:
+    def __init__(self, records: Any, ttl_s: float = KEY_CACHE_TTL_S,
+                 version: Callable[[], int] | None = None) -> None:
         self.records = records
         self.ttl_s = ttl_s
+        self.version = version
+        self._seen_version: int | None = None
         self._cache: dict[str, tuple[float, ApiKey | None]] = {}
         self._mu = threading.Lock()
+
+    def _follow_version(self) -> None:
+        if self.version is None:
+            return
+        try:
+            v = self.version()
+        except Exception:  # noqa: BLE001 - the version store is down: the TTL bounds staleness instead
+            return
+        with self._mu:
+            if v != self._seen_version:
+                self._cache.clear()
+                self._seen_version = v
 
     def __call__(self, token: str) -> ApiKey | None:
         """The live key for ``token``, or None for an empty, unknown or revoked key. Store errors propagate."""
         if not token:
             return None
+        self._follow_version()
         h = hash_key(token)
         now = time.monotonic()
         with self._mu:
             cached = self._cache.get(h)
-        if cached is None or now - cached[0] > self.ttl_s:
+        if cached is None or now - cached[0] >= self.ttl_s:
             docs = self.records.find("keys", size=1, key_hash=h)
             cached = (now, ApiKey.model_validate(docs[0]) if docs else None)
             with self._mu:

@@ -26,7 +26,7 @@ from scopekb.logging import get_logger
 from scopekb.models import DeadLetter, Job, KeyCreate, Source, SourceCreate, utcnow
 from scopekb.queue import TASK_SYNC_SOURCES
 from scopekb.runtime import ControlRuntime, Runtime
-from scopekb.sources import validate_repo_url
+from scopekb.sources import validate_repo_url, webhook_secret_for
 from scopekb.status import source_status
 
 log = get_logger("scopekb.ops")
@@ -41,7 +41,9 @@ def register_source(rt: ControlRuntime, body: SourceCreate, allow_local: bool | 
     """Register a git repository + ref, or an object-store prefix, for a scope; ingesters reload their sources.
 
     Git clone URLs are validated (https/ssh; no private, loopback or metadata hosts unless allowlisted; local
-    paths only when ``allow_local``, default ``git.allow_local_paths``).
+    paths only when ``allow_local``, default ``git.allow_local_paths``). A webhook-driven source registered
+    without a secret gets a generated one (show it once with :func:`registration_view`); ``webhooks=False``
+    stores none, and such a source refuses every delivery.
 
     Raises:
         scopekb.sources.InvalidRepoUrl: (a :class:`Refused`, 422) the clone URL is refused, with the reason.
@@ -51,12 +53,22 @@ def register_source(rt: ControlRuntime, body: SourceCreate, allow_local: bool | 
         git = rt.settings.git
         url = validate_repo_url(body.repo_url, git.allow_local_paths if allow_local is None else allow_local,
                                 git.host_allowlist)
-    src = Source(**{**body.model_dump(), "repo_url": url, "webhook_secret": body.webhook_secret},
-                 id=Source.new_id())
+    secret, _shown = webhook_secret_for(body)  # a webhook-driven source always has one (issue 16)
+    src = Source(**{**body.model_dump(), "repo_url": url, "webhook_secret": secret}, id=Source.new_id())
     rt.records.put_source(src)
     rt.coord.bump_sources_version()
     log.info("source_added", source_id=src.id, agent_name=src.agent_name, context_id=src.context_id)
     return src
+
+
+def registration_view(body: SourceCreate, src: Source) -> dict[str, Any]:
+    """The answer to a registration: the source without secrets, plus ``webhook_secret`` when it was generated
+    (a webhook-driven source registered without one) - the only time that secret is ever shown."""
+    out = src.public()
+    if src.webhooks and src.webhook_secret is not None and not (
+            body.webhook_secret is not None and body.webhook_secret.get_secret_value()):
+        out["webhook_secret"] = src.webhook_secret.get_secret_value()
+    return out
 
 
 def get_source(rt: ControlRuntime, source_id: str) -> Source:
@@ -141,7 +153,8 @@ def list_keys(rt: ControlRuntime) -> list[ApiKey]:
 
 
 def revoke_key(rt: ControlRuntime, key_id: str) -> None:
-    """Revoke a key; this process's key lookup forgets its cache at once (others within its TTL).
+    """Revoke a key; this process's key lookup forgets its cache at once, and the keys version is bumped so every
+    other replica's lookup does on its next request (issue 16).
 
     Raises:
         NotFound: no such key.
@@ -152,6 +165,7 @@ def revoke_key(rt: ControlRuntime, key_id: str) -> None:
     d["revoked_at"] = utcnow().isoformat()
     rt.records.put("keys", key_id, d)
     rt.keys.forget()
+    rt.coord.bump_keys_version()
     log.info("key_revoked", key_id=key_id)
 
 

@@ -131,7 +131,13 @@ class ControlRuntime:
     keys: KeyLookup = field(init=False)
 
     def __post_init__(self) -> None:
-        self.keys = KeyLookup(self.records)
+        # Revocation bound (issue 16, docs/security.md): distributed replicas read the keys version per request
+        # (TTL fallback when Redis is down); the embedded profile caches nothing, so a revocation by the CLI
+        # (another process, same SQLite file) applies to the next request.
+        if self.profile == "embedded":
+            self.keys = KeyLookup(self.records, ttl_s=0)
+        else:
+            self.keys = KeyLookup(self.records, version=self.coord.keys_version)
 
 
 @dataclass(kw_only=True)

@@ -81,7 +81,7 @@ class OpsActions:
 
     def add_source(self, body: SourceCreate) -> dict[str, Any]:
         with _refusals():
-            return ops.register_source(self.rt, body).public()
+            return ops.registration_view(body, ops.register_source(self.rt, body))
 
     def remove_source(self, source_id: str) -> dict[str, Any]:
         with _refusals():

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 
+from scopekb.http.exposure import guarded_metrics
 from scopekb_query.deps import Rt
 from scopekb_query.metrics import metrics_response
 
@@ -27,6 +28,6 @@ def readyz(rt: Rt) -> JSONResponse:
 
 
 @router.get("/metrics")
-def metrics() -> PlainTextResponse:
-    """Prometheus metrics."""
-    return metrics_response()
+def metrics(request: Request) -> Response:
+    """Prometheus metrics (``http.expose_metrics``; ``http.metrics_token`` when set)."""
+    return guarded_metrics(request, metrics_response)

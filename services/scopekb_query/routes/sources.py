@@ -16,8 +16,9 @@ router = APIRouter(prefix="/v1/sources", tags=["sources"], dependencies=ADMIN)
 @router.post("", status_code=201)
 def add_source(body: SourceCreate, rt: Rt) -> dict[str, Any]:
     """Register a git repository + ref, or an object-store prefix, for a scope. Clone URLs are validated
-    (https/ssh; no private, loopback or metadata hosts unless allowlisted): 422 with the reason."""
-    return ops.register_source(rt, body).public()
+    (https/ssh; no private, loopback or metadata hosts unless allowlisted): 422 with the reason. A webhook-driven
+    source registered without ``webhook_secret`` gets one generated, returned here once and never again."""
+    return ops.registration_view(body, ops.register_source(rt, body))
 
 
 @router.get("")

@@ -118,6 +118,15 @@ class Coordination(ABC):
         """The current sources version (0 when never bumped)."""
         return int(self._get(keys.SOURCES_VERSION) or 0)
 
+    def bump_keys_version(self) -> None:
+        """Tell every query replica that a key was revoked (their key caches empty on their next request)."""
+        with contextlib.suppress(Transient):
+            self._incr(keys.KEYS_VERSION)
+
+    def keys_version(self) -> int:
+        """The current keys version (0 when never bumped). Raises :class:`Transient` when the backend is down."""
+        return int(self._get(keys.KEYS_VERSION) or 0)
+
     # ---- file attempts ---------------------------------------------------------------------------------------
 
     def count_attempt(self, key: str, ttl_s: float, forget: Sequence[str] = ()) -> int:

@@ -20,6 +20,8 @@ REPO_LOCK_PATTERN = "scopekb:lock:repo:*"
 REINDEX_LOCK = "scopekb:lock:reindex"
 #: Bumped on every source registration change so ingesters reload their in-memory source cache at once.
 SOURCES_VERSION = "scopekb:sources:version"
+#: Bumped on every key revocation: each query replica's key cache empties when it moves (issue 16).
+KEYS_VERSION = "scopekb:keys:version"
 #: Attempts at chunking one file of a group of sources at one blob (counted only after a worker death).
 FILE_ATTEMPTS = "scopekb:attempts:{group}:{sha}:{path_hash}"
 FILE_ATTEMPTS_PREFIX = "scopekb:attempts:"

@@ -15,13 +15,13 @@ import base64
 import hashlib
 import hmac
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.resources import files
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from scopekb.http.middleware import (
@@ -33,7 +33,7 @@ from scopekb.http.middleware import (
     SecurityHeaders,
     SecurityHeadersMiddleware,
 )
-from scopekb.settings import HttpSettings
+from scopekb.settings import HttpSettings, Settings
 
 DOCS_PATH = "/docs"
 DOCS_STATIC = "/docs/static"
@@ -77,12 +77,32 @@ def metrics_refusal(http: HttpSettings, authorization: str | None) -> tuple[int,
     return None
 
 
+def route_limits(settings: Settings) -> list[RouteLimit]:
+    """Per-route body caps of every scopekb app (routes an app does not serve never match): webhooks
+    ``ingester.max_body_bytes``, document uploads ``http.max_document_bytes`` (raw bytes, not scanned as JSON);
+    everything else ``http.max_body_bytes``."""
+    return [RouteLimit("/webhooks/", settings.ingester.max_body_bytes),
+            RouteLimit("/v1/sources/", settings.http.max_document_bytes, json=False, methods=("POST",),
+                       suffix="/documents")]
+
+
+def guarded_metrics(request: Request, render: Callable[[], Response]) -> Response:
+    """The ``/metrics`` answer: ``render()`` when exposed to this caller (:func:`metrics_refusal` with the settings
+    :func:`harden` stored on the app), else 404 or 401."""
+    refusal = metrics_refusal(request.app.state.http_settings, request.headers.get("authorization"))
+    if refusal is None:
+        return render()
+    headers = {"WWW-Authenticate": "Bearer"} if refusal[0] == 401 else None
+    return JSONResponse({"detail": refusal[1]}, status_code=refusal[0], headers=headers)
+
+
 def harden(app: FastAPI, http: HttpSettings, *, title: str, routes: Sequence[RouteLimit] = (),
            gate: Gate | None = None, csp_by_prefix: Mapping[str, str] | None = None) -> None:
     """Apply the HTTP hardening of ``http`` to ``app``: body caps (``http.max_body_bytes`` unless a route says
     otherwise), JSON depth, body deadline and the optional auth ``gate`` (:class:`RequestLimitsMiddleware`),
     security headers on every response (:class:`SecurityHeadersMiddleware`), and the local ``/docs`` page when
     exposed. Call once, after the routes are added (middleware order: headers outermost)."""
+    app.state.http_settings = http
     extra_csp: dict[str, str] = dict(csp_by_prefix or {})
     if docs_exposed(http):
         html, docs_csp = _docs_html(title)

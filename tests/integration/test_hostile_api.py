@@ -1,0 +1,135 @@
+"""Issue 16 on both profiles, in-process (embedded: SQLite + in-memory coordination; distributed: real OpenSearch
+and Redis): revocation applies to every replica on its next request; every JSON route answers ``[`` × 1000 with
+400; pathological patterns get 400 naming the limit; a generated webhook secret is shown once and unsigned
+deliveries change nothing; security headers on every answer. Real processes: tests/e2e/test_hostile_callers.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from scopekb.settings import Settings
+from tests.webhook_fixtures import ZERO, delivery
+
+ADMIN = "hostile-admin-" + uuid.uuid4().hex
+PROVS = ["github", "gitlab", "gitea", "forgejo", "bitbucket"]
+
+
+def _settings(profile: str, tmp: Path, services: dict[str, Any], run: str) -> Settings:
+    common: dict[str, Any] = {"query": {"admin_token": ADMIN}, "embedding": {"provider": "none"},
+                              "git": {"allow_local_paths": True, "cache_dir": str(tmp / "git")},
+                              "ingester": {"s3_event_token": "s3-token"},
+                              "log_format": "json", "log_level": "WARNING", "profile": profile}
+    if profile == "embedded":
+        return Settings(data_dir=tmp / "data", **common)
+    return Settings(opensearch={"url": services["opensearch_url"], "alias": f"{run}-chunks",
+                                "system_prefix": f"{run}-sys"},
+                    redis={"url": services["redis_url"]}, worker={"queue": f"{run}-queue"},
+                    s3={**services["s3_config"], "bucket": run}, **common)
+
+
+@pytest.fixture(params=["embedded", "distributed"])
+def apps(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Two query replicas and an ingester of one profile, on the same stores."""
+    from scopekb_ingester.app import create_app as ingester_app
+    from scopekb_query.app import create_app as query_app
+
+    profile = request.param
+    run = f"hostile-{uuid.uuid4().hex[:8]}"
+    services = {name: request.getfixturevalue(name) for name in ("opensearch_url", "redis_url", "s3_config")
+                } if profile == "distributed" else {}
+    s = _settings(profile, tmp_path, services, run)
+    a, b, ing = query_app(s), query_app(s), ingester_app(s)
+    try:
+        with TestClient(a, raise_server_exceptions=False) as ca, TestClient(b, raise_server_exceptions=False) as cb, \
+                TestClient(ing, raise_server_exceptions=False) as ci:
+            yield {"a": ca, "b": cb, "ingester": ci, "profile": profile, "tmp": tmp_path}
+    finally:
+        if profile == "distributed":
+            a.state.runtime.opensearch_client.indices.delete(index=f"{run}-*", ignore_unavailable=True)
+
+
+def _admin() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN}"}
+
+
+def test_revocation_applies_to_every_replica_on_its_next_request(apps: dict[str, Any]) -> None:
+    key = apps["a"].post("/v1/keys", json={"agent_name": "rev", "context_ids": ["c"]}, headers=_admin()).json()
+    auth = {"Authorization": f"Bearer {key['key']}"}
+    for c in (apps["a"], apps["b"]):  # both replicas have the live key cached now
+        assert c.post("/v1/search", json={"query": "x"}, headers=auth).status_code == 200
+    assert apps["a"].delete(f"/v1/keys/{key['id']}", headers=_admin()).status_code == 200
+    # The bound (docs/security.md): the next request on any replica, REST and MCP alike.
+    for c in (apps["b"], apps["a"]):
+        assert c.post("/v1/search", json={"query": "x"}, headers=auth).status_code == 401
+        r = c.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                   headers={**auth, "Accept": "application/json, text/event-stream"})
+        assert r.status_code == 401
+
+
+def test_deep_nesting_is_400_on_every_json_route(apps: dict[str, Any]) -> None:
+    key = apps["a"].post("/v1/keys", json={"agent_name": "deep", "context_ids": ["c"]}, headers=_admin()).json()
+    deep = b"[" * 1000
+    agent = {"Authorization": f"Bearer {key['key']}", "Content-Type": "application/json",
+             "Accept": "application/json, text/event-stream"}
+    for path, headers in (("/v1/search", agent), ("/mcp", agent), ("/v1/sources", _admin()),
+                          ("/v1/keys", _admin())):
+        r = apps["a"].post(path, content=deep, headers={"Content-Type": "application/json", **headers})
+        assert r.status_code == 400, (path, r.status_code, r.text)
+    for prov in PROVS:  # unauthenticated, as in the issue
+        _, h = delivery(prov, "team/none", "https://example.invalid/x.git", ZERO, "1" * 40, "s")
+        r = apps["ingester"].post(f"/webhooks/{prov}", content=deep, headers=h)
+        assert r.status_code == 400, (prov, r.status_code, r.text)
+    r = apps["ingester"].post("/webhooks/s3", content=deep, headers={"X-Scopekb-Token": "s3-token"})
+    assert r.status_code == 400, r.text
+
+
+def test_pathological_patterns_are_400_naming_the_limit(apps: dict[str, Any]) -> None:
+    key = apps["a"].post("/v1/keys", json={"agent_name": "pat", "context_ids": ["c"]}, headers=_admin()).json()
+    auth = {"Authorization": f"Bearer {key['key']}"}
+    r = apps["a"].post("/v1/search", json={"query": "x", "file_patterns": ["*?*?*?*?*?*?*?*?*?*?Z"]}, headers=auth)
+    assert r.status_code == 400 and "query.max_pattern_wildcards" in r.json()["detail"]
+    r = apps["a"].post("/v1/sources", headers=_admin(), json={
+        "agent_name": "pat", "context_id": "c", "repo_url": str(apps["tmp"]), "include": ["*?*?*?*?*?*?*?*?*?Z"]})
+    assert r.status_code == 422 and "wildcards" in r.text
+
+
+def test_unsigned_and_unknown_deliveries_change_nothing(apps: dict[str, Any]) -> None:
+    from scopekb.realrepo import git
+
+    repo = apps["tmp"] / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "a.py").write_text("x = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    head = git(repo, "rev-parse", "HEAD")
+    name = "team/" + uuid.uuid4().hex[:6]
+    r = apps["a"].post("/v1/sources", headers=_admin(), json={"agent_name": "w", "context_id": "c",
+                                                              "repo_url": str(repo), "repo_name": name})
+    assert r.status_code == 201 and len(r.json()["webhook_secret"]) >= 40, r.text
+    src = r.json()
+    assert "webhook_secret" not in apps["b"].get(f"/v1/sources/{src['id']}", headers=_admin()).json()
+    for prov in PROVS:
+        body, h = delivery(prov, name, str(repo), head, ZERO, "", sign=False)
+        assert apps["ingester"].post(f"/webhooks/{prov}", content=body, headers=h).status_code == 401, prov
+        body, h = delivery(prov, name, str(repo), head, ZERO, "guessed")
+        assert apps["ingester"].post(f"/webhooks/{prov}", content=body, headers=h).status_code == 401, prov
+    body, h = delivery("github", name, str(repo), head, ZERO, src["webhook_secret"])
+    assert apps["ingester"].post("/webhooks/github", content=body, headers=h).status_code == 202
+
+
+def test_security_headers_and_exposure(apps: dict[str, Any]) -> None:
+    for c, path in ((apps["a"], "/healthz"), (apps["a"], "/v1/search"), (apps["ingester"], "/healthz"),
+                    (apps["ingester"], "/webhooks/nope"), (apps["a"], "/docs")):
+        r = c.get(path) if path != "/webhooks/nope" else c.post(path)
+        assert r.headers["x-content-type-options"] == "nosniff", path
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["referrer-policy"] == "no-referrer", path
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
+    assert "https://" not in apps["a"].get("/docs").text
