@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -142,6 +143,45 @@ def test_oversized_searches_are_refused_not_5xx(fuzz_target: dict[str, Any], ext
     assert r.status_code in (200, 400, 403, 422), r.text
     if r.status_code == 400:
         assert "fewer" in r.json()["detail"]
+
+
+#: Issue 16: a generous per-request bound for hostile inputs (the issue's 21-character pattern took 8 s).
+BOUND_S = 2.0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(patterns=st.lists(st.text(alphabet="*?/ab.Z[]\\", max_size=80), min_size=1, max_size=30))
+def test_fuzzed_file_patterns_are_bounded_or_refused(fuzz_target: dict[str, Any], patterns: list[str]) -> None:
+    """Pathological globs (runs of * and ?, many **/): an answer or a 400 naming the limit, within the bound."""
+    client = TestClient(fuzz_target["app"], raise_server_exceptions=False,
+                        headers={"Authorization": f"Bearer {fuzz_target['agent_key']}"})
+    t0 = time.perf_counter()
+    r = client.post("/v1/search", json={"query": "retry", "cross_context": True, "file_patterns": patterns})
+    assert time.perf_counter() - t0 < BOUND_S
+    assert r.status_code in (200, 400), r.text
+    event(f"patterns {r.status_code}")
+    if r.status_code == 400:
+        assert "file_patterns" in r.json()["detail"], r.text
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(path=st.sampled_from(["/v1/search", "/v1/sources", "/v1/keys"]),  # /mcp: test_hostile_api (needs lifespan)
+       opener=st.sampled_from([b"[", b'{"a":', b'{"query": [']), depth=st.integers(65, 20000),
+       huge=st.integers(0, 3))
+def test_fuzzed_deep_or_huge_bodies_are_4xx_within_the_bound(fuzz_target: dict[str, Any], path: str,
+                                                             opener: bytes, depth: int, huge: int) -> None:
+    """Deep nesting is 400 and an over-cap body 413 on every JSON route, unauthenticated or not, quickly."""
+    token = fuzz_target["agent_key"] if path == "/v1/search" else FUZZ_ADMIN
+    client = TestClient(fuzz_target["app"], raise_server_exceptions=False, follow_redirects=False,
+                        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                                 "Accept": "application/json, text/event-stream"})
+    body = opener * depth if not huge else b" " * (1024 * 1024 * (huge + 1) + 1)
+    t0 = time.perf_counter()
+    r = client.post(path, content=body)
+    assert time.perf_counter() - t0 < BOUND_S
+    assert r.status_code == (413 if huge else 400), (path, r.status_code, r.text[:200])
+    anonymous = TestClient(fuzz_target["app"], raise_server_exceptions=False)
+    assert anonymous.post(path, content=body).status_code == 401
 
 
 # ---- the auth and validation contract on the running service -------------------------------------------------
