@@ -9,7 +9,8 @@ index with scopekb's chunk mapping and settings, force-merged to one segment per
 looks like), and measured:
 
 - disk: primary and total store bytes (``_cat/indices``) per chunk;
-- heap: the cluster's used heap (sum over nodes, after a GC-friendly pause) before and after, per chunk;
+- heap: the cluster's used heap (sum over nodes; after a full GC of each node when ``--services-dir`` names the
+  ``scripts/services`` state folder) before and after, per chunk;
   the lucene engine's HNSW graphs live in memory-mapped files, not the heap: their page-cache need is
   reported as the vector data size (``knn_vector`` bytes = 4 x dimension per copy) plus the graph links;
 - BM25 and kNN latency (p50/p95 over ``--queries`` searches through opensearch-py, filtered to one scope).
@@ -85,16 +86,32 @@ def documents(n: int, dimension: int, seed: int = 7) -> list[dict[str, Any]]:
     return docs
 
 
+def collect_garbage(state_dir: str | None) -> None:
+    """Run a full GC in every OpenSearch node started by ``scripts/services`` in ``state_dir`` (``jcmd <pid>
+    GC.run``, pids from its pid files), so heap readings show live data rather than garbage."""
+    if not state_dir:
+        return
+    import shutil
+    import subprocess
+
+    jcmd = shutil.which("jcmd") or "/usr/lib/jvm/java-17-openjdk-amd64/bin/jcmd"
+    for pid_file in sorted(Path(state_dir, "run").glob("opensearch*.pid")):
+        pid = pid_file.read_text().split()[0]
+        subprocess.run([jcmd, pid, "GC.run"], capture_output=True, timeout=60)
+
+
 def heap_used(client: OpenSearch) -> int:
     """Sum of the nodes' used heap in bytes."""
     stats = client.nodes.stats(metric="jvm")["nodes"]
     return sum(int(n["jvm"]["mem"]["heap_used_in_bytes"]) for n in stats.values())
 
 
-def settled_heap(client: OpenSearch, samples: int = 5) -> int:
-    """The smallest of a few heap readings a second apart (closest to live data, least garbage)."""
+def settled_heap(client: OpenSearch, state_dir: str | None, samples: int = 3) -> int:
+    """The smallest of a few heap readings a second apart, each after a full GC when the node pids are known
+    (closest to live data)."""
     out = []
     for _ in range(samples):
+        collect_garbage(state_dir)
         out.append(heap_used(client))
         time.sleep(1)
     return min(out)
@@ -113,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shards", type=int, default=3)
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--queries", type=int, default=100)
+    ap.add_argument("--services-dir", help="scripts/services state folder of the cluster: full GCs before heap "
+                    "readings (jcmd), else heap figures include garbage")
     args = ap.parse_args(argv)
 
     client = OpenSearch(hosts=args.url.split(","), timeout=300)
@@ -120,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     index = f"sizing-{int(time.time())}"
     dim = args.dimension or None
     docs = documents(args.chunks, args.dimension)
-    heap_before = settled_heap(client)
+    heap_before = settled_heap(client, args.services_dir)
     client.indices.create(index=index, body={"settings": F.chunk_index_settings(args.shards, args.replicas,
                                                                                  knn=bool(dim)),
                                              "mappings": F.chunk_mapping(dim)})
@@ -151,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 t = time.perf_counter()
                 client.search(index=index, body=body)
                 knn.append(time.perf_counter() - t)
-        heap_after = settled_heap(client)
+        heap_after = settled_heap(client, args.services_dir)
         cat = client.cat.indices(index=index, params={"format": "json", "bytes": "b"})[0]
         n = int(cat["docs.count"])
         pri, total = int(cat["pri.store.size"]), int(cat["store.size"])
@@ -166,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             "primary_bytes_per_chunk": round(pri / n), "total_bytes_per_chunk": round(total / n),
             "segments_memory_bytes": seg.get("memory_in_bytes", 0),
             "heap_delta_bytes": heap_after - heap_before, "heap_before_bytes": heap_before,
-            "heap_after_bytes": heap_after,
+            "heap_after_bytes": heap_after, "heap_after_full_gc": bool(args.services_dir),
             "bm25_p50_ms": percentiles(bm25)[0], "bm25_p95_ms": percentiles(bm25)[1],
             "knn_p50_ms": percentiles(knn)[0] if knn else None, "knn_p95_ms": percentiles(knn)[1] if knn else None,
             "per_million_chunks": {

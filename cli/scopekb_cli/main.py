@@ -190,10 +190,13 @@ def _check_index() -> None:
 
 @app.command()
 def init() -> None:
-    """Create the chunk index behind its alias and the system indices, idempotently (deploy hook)."""
+    """Create the chunk index behind its alias and the system indices, idempotently (deploy hook). First checks
+    that the cluster can place the index's shard copies (replicas + 1 data nodes, no red index): one line and
+    exit code 1 otherwise."""
     from scopekb.stores.base import StoreVersionMismatch
 
     rt = _rt()
+    rt.chunks.check_placement()
     try:
         name = rt.chunks.ensure_index()
     except StoreVersionMismatch as e:
@@ -201,7 +204,10 @@ def init() -> None:
                        ) from None
     for kind in ("sources", "jobs", "state", "keys"):
         rt.records.ensure(kind)
-    out.print(f"index {name} behind alias {rt.chunks.alias}; system indices ready")
+    placed = rt.chunks.check_placement()
+    where = (f" ({placed['shards']} shard(s), {placed['replicas']} replica(s) on {placed['data_nodes']} data "
+             f"node(s), {placed['status']})" if "data_nodes" in placed else "")
+    out.print(f"index {name} behind alias {rt.chunks.alias}{where}; system indices ready")
 
 
 @source_app.command("add")

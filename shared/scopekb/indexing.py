@@ -612,6 +612,9 @@ def _bulk_write(deps: SyncDeps, job: Job, docs: list[dict[str, Any]]) -> BulkRep
         if rounds == BULK_RETRY_ROUNDS:
             first = next(reason for doc_id, _, reason in errors if doc_id in transient)
             raise StoreUnavailable(f"{len(transient)} chunks not written after {rounds} retries: {first[:300]}")
+        problem = deps.chunks.problem()
+        if problem is not None:  # the cluster says it cannot serve (red, no cluster manager): the task waits
+            raise StoreUnavailable(f"{len(transient)} chunks not written: {problem}")
         delay = backoff_delay(rounds, BULK_BACKOFF_BASE_S, BULK_BACKOFF_MAX_S)
         log.warning("bulk_retry", items=len(transient), round=rounds + 1, delay_s=round(delay, 2),
                     error=next(r for d, _, r in errors if d in transient)[:200])

@@ -27,7 +27,7 @@ from scopekb.chunking import TokenCounter, counter_for_model
 from scopekb.coordination import Coordination
 from scopekb.documents import FolderPrefix, ObjectPrefix, document_prefix
 from scopekb.embedding import Embedder, EmbeddingCache, make_embedder, make_embedding_cache
-from scopekb.errors import Refused
+from scopekb.errors import Refused, Transient
 from scopekb.indexing import SyncDeps
 from scopekb.logging import get_logger
 from scopekb.queue import make_celery
@@ -198,6 +198,10 @@ class Runtime(ControlRuntime):
             try:
                 probe()
                 checks[name] = "ok"
+            except Transient as e:
+                # a backend that answered and said why (e.g. "cluster red: no elected cluster manager") is quoted;
+                # a library error behind it (unreachable) is named by its type
+                checks[name] = f"error: {type(e.__cause__).__name__}" if e.__cause__ else f"error: {e}"
             except Exception as e:  # noqa: BLE001 - any failure means not ready; reported as text
                 checks[name] = f"error: {type(e.__cause__ or e).__name__}"  # the library's error type
         return checks

@@ -35,8 +35,9 @@ class OpenSearchSettings(BaseModel):
     """Where the chunk index and the system indices live, and how the chunk index is split and copied.
 
     Sizing (docs/deploy.md has the table measured on a 3-node cluster): ``shards`` defaults to
-    ``ceil(expected_chunks / chunks_per_shard)``; a shard of ``chunks_per_shard`` chunks is a few GB on disk,
-    inside OpenSearch's advice of 10-50 GB per shard with room to grow. ``replicas`` is 0 for one node; on a
+    ``ceil(expected_chunks / chunks_per_shard)``. Measured: a chunk takes about 10 KB of primary storage with a
+    384-d vector (most of it the vector), so the default 2 M chunks a shard is about 20 GB, inside OpenSearch's
+    advice of 10-30 GB per shard for search workloads. ``replicas`` is 0 for one node; on a
     cluster set 1 (every shard then survives the loss of one data node). The cluster must have at least
     ``replicas + 1`` data nodes to place every copy: ``scopekb init`` checks it.
     """
@@ -60,7 +61,7 @@ class OpenSearchSettings(BaseModel):
     #: Chunks the index is expected to hold (all sources, all refs), used to size ``shards``.
     expected_chunks: int = 1_000_000
     #: Chunks per primary shard (measured: see docs/deploy.md, "Sizing").
-    chunks_per_shard: int = 4_000_000
+    chunks_per_shard: int = 2_000_000
 
     @model_validator(mode="after")
     def _size_shards(self) -> OpenSearchSettings:
@@ -288,8 +289,12 @@ class WorkerSettings(BaseModel):
     batch_files: int = 200
     task_soft_time_limit_s: int = 3300
     task_time_limit_s: int = 3600
-    #: Must exceed the longest task limit, or Redis re-delivers running tasks.
-    visibility_timeout_s: int = 7200
+    #: Seconds after which Redis redelivers a task whose worker stopped confirming it holds it (died). A live
+    #: worker re-stamps its messages every ``heartbeat_s``, so this may be far shorter than a task; with
+    #: ``heartbeat_s=0`` it must exceed ``task_time_limit_s`` instead (or running tasks are redelivered).
+    visibility_timeout_s: int = 600
+    #: Seconds between a worker's stamps of the messages it holds (0: no heartbeat; see visibility_timeout_s).
+    heartbeat_s: int = 60
     result_expires_s: int = 24 * 3600
     max_retries: int = 5
     #: Seconds between reconcile passes (beat); 0 disables.
@@ -400,10 +405,18 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_worker_limits(self) -> Settings:
         w = self.worker
-        if w.visibility_timeout_s <= w.task_time_limit_s:
+        if w.heartbeat_s < 0:
+            raise ValueError("worker.heartbeat_s must be >= 0 (0: no heartbeat)")
+        if w.heartbeat_s and w.visibility_timeout_s < 3 * w.heartbeat_s:
+            raise ValueError(
+                f"worker.visibility_timeout_s ({w.visibility_timeout_s}) must be at least 3 x worker.heartbeat_s "
+                f"({w.heartbeat_s}), or a live worker's tasks are redelivered between two heartbeats"
+            )
+        if not w.heartbeat_s and w.visibility_timeout_s <= w.task_time_limit_s:
             raise ValueError(
                 f"worker.visibility_timeout_s ({w.visibility_timeout_s}) must be longer than "
-                f"worker.task_time_limit_s ({w.task_time_limit_s}), or Redis re-delivers running tasks"
+                f"worker.task_time_limit_s ({w.task_time_limit_s}) without a heartbeat (worker.heartbeat_s=0), "
+                "or Redis re-delivers running tasks"
             )
         if w.task_soft_time_limit_s >= w.task_time_limit_s:
             raise ValueError("worker.task_soft_time_limit_s must be smaller than worker.task_time_limit_s")

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -187,6 +188,7 @@ class Stack:
             "SCOPEKB_WORKER__TASK_SOFT_TIME_LIMIT_S": "150",
             "SCOPEKB_WORKER__TASK_TIME_LIMIT_S": "160",
             "SCOPEKB_WORKER__VISIBILITY_TIMEOUT_S": "170",
+            "SCOPEKB_WORKER__HEARTBEAT_S": "5",
             "SCOPEKB_GIT__CACHE_DIR": str(self.workdir / "git"),
             "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true",
             "SCOPEKB_DATA_DIR": str(self.workdir / "data"),
@@ -385,6 +387,47 @@ class Stack:
 
     def compare(self, source_id: str, expected: Counter[Chunk]) -> Comparison:
         return Comparison(self.chunks(source_id), expected)
+
+
+class Searcher(threading.Thread):
+    """Searches through the query service in a loop until stopped; records (seconds since start, status,
+    latency in s, hit count) per request."""
+
+    def __init__(self, stack: Stack, key: str, query: dict[str, Any], pause_s: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.query = query
+        self.client = httpx.Client(base_url=stack.query_url, headers={"Authorization": f"Bearer {key}"},
+                                   timeout=30)
+        self.pause_s = pause_s
+        self.results: list[tuple[float, int, float, int]] = []
+        self.halt = threading.Event()
+        self.t0 = time.monotonic()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            t = time.monotonic()
+            try:
+                r = self.client.post("/v1/search", json=self.query)
+                hits = len(r.json().get("hits", [])) if r.status_code == 200 else 0
+                status = r.status_code
+            except httpx.HTTPError:
+                status, hits = -1, 0
+            self.results.append((round(t - self.t0, 2), status, time.monotonic() - t, hits))
+            self.halt.wait(self.pause_s)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=60)
+        self.client.close()
+
+    def summary(self, since: float = 0.0) -> dict[str, object]:
+        rows = [r for r in self.results if r[0] >= since]
+        latencies = sorted(r[2] for r in rows)
+        p95 = latencies[int(0.95 * (len(latencies) - 1))] if latencies else 0.0
+        bad = [(t, s) for t, s, _, _ in rows if s != 200]
+        return {"searches": len(rows), "non_200": len(bad), "non_200_at": bad[:10],
+                "p50_ms": round(1000 * latencies[len(latencies) // 2], 1) if latencies else 0,
+                "p95_ms": round(1000 * p95, 1), "max_ms": round(1000 * latencies[-1], 1) if latencies else 0}
 
 
 def wait_until(check: Callable[[], Any], timeout: float, interval: float = 0.2, what: str = "condition") -> Any:

@@ -10,54 +10,11 @@ the cluster must come back to green.
 
 from __future__ import annotations
 
-import threading
 import time
 
-import httpx
-
-from .harness import Stack, generate_repo, wait_until
+from .harness import Searcher, Stack, generate_repo, wait_until
 
 QUERY = {"query": "compute value registry", "context_id": "main"}
-
-
-class Searcher(threading.Thread):
-    """Searches through the query service in a loop until stopped; records (seconds since start, status,
-    latency in s, hit count) per request."""
-
-    def __init__(self, stack: Stack, key: str, pause_s: float = 0.1) -> None:
-        super().__init__(daemon=True)
-        self.client = httpx.Client(base_url=stack.query_url, headers={"Authorization": f"Bearer {key}"},
-                                   timeout=30)
-        self.pause_s = pause_s
-        self.results: list[tuple[float, int, float, int]] = []
-        self.halt = threading.Event()
-        self.t0 = time.monotonic()
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            t = time.monotonic()
-            try:
-                r = self.client.post("/v1/search", json=QUERY)
-                hits = len(r.json().get("hits", [])) if r.status_code == 200 else 0
-                status = r.status_code
-            except httpx.HTTPError:
-                status, hits = -1, 0
-            self.results.append((round(t - self.t0, 2), status, time.monotonic() - t, hits))
-            self.halt.wait(self.pause_s)
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(timeout=60)
-        self.client.close()
-
-    def summary(self, since: float = 0.0) -> dict[str, object]:
-        rows = [r for r in self.results if r[0] >= since]
-        latencies = sorted(r[2] for r in rows)
-        p95 = latencies[int(0.95 * (len(latencies) - 1))] if latencies else 0.0
-        bad = [(t, s) for t, s, _, _ in rows if s != 200]
-        return {"searches": len(rows), "non_200": len(bad), "non_200_at": bad[:10],
-                "p50_ms": round(1000 * latencies[len(latencies) // 2], 1) if latencies else 0,
-                "p95_ms": round(1000 * p95, 1), "max_ms": round(1000 * latencies[-1], 1) if latencies else 0}
 
 
 def node_to_kill(stack: Stack, index: str) -> tuple[int, str]:
@@ -81,7 +38,7 @@ def test_data_node_sigkill_during_sync_and_searches(make_cluster_stack, private_
     index = stack.os.indices.get_alias(name=stack.alias).popitem()[0]
     stack.os.cluster.health(index=index, wait_for_status="green", params={"timeout": "60s", "request_timeout": 70})
 
-    searcher = Searcher(stack, key)
+    searcher = Searcher(stack, key, QUERY)
     searcher.start()
     job_id = stack.sync(src)
     at_kill = wait_until(lambda: (n := stack.count(src)) > 1000 and n, timeout=180, interval=0.05,

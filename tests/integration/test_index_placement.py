@@ -37,3 +37,30 @@ def test_replicas_the_cluster_cannot_place_are_refused(opensearch_client) -> Non
         assert placed["status"] in ("green", "yellow")
     finally:
         opensearch_client.indices.delete(index=f"{alias}*", params={"expand_wildcards": "open,closed"})
+
+
+def test_init_refuses_in_one_line_and_reports_placement(opensearch_client, opensearch_url) -> None:
+    import os
+    import subprocess
+    import sys
+
+    nodes = int(opensearch_client.cluster.health()["number_of_data_nodes"])
+    alias = f"it-init-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "SCOPEKB_PROFILE": "distributed", "SCOPEKB_OPENSEARCH__URL": opensearch_url,
+           "SCOPEKB_OPENSEARCH__ALIAS": alias, "SCOPEKB_OPENSEARCH__SYSTEM_PREFIX": f"{alias}-sys",
+           "SCOPEKB_EMBEDDING__PROVIDER": "none", "SCOPEKB_OPENSEARCH__SHARDS": "2"}
+    cmd = [sys.executable, "-m", "scopekb_cli.main", "init"]
+    try:
+        bad = subprocess.run(cmd, env={**env, "SCOPEKB_OPENSEARCH__REPLICAS": str(nodes)}, capture_output=True,
+                             text=True, timeout=120)
+        assert bad.returncode == 1, bad.stderr
+        lines = bad.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: the chunk index asks for"), bad.stderr
+        assert opensearch_client.indices.get(index=f"{alias}*") == {}
+
+        good = subprocess.run(cmd, env={**env, "SCOPEKB_OPENSEARCH__REPLICAS": str(nodes - 1)},
+                              capture_output=True, text=True, timeout=120)
+        assert good.returncode == 0, good.stderr
+        assert f"2 shard(s), {nodes - 1} replica(s) on {nodes} data node(s)" in " ".join(good.stdout.split())
+    finally:
+        opensearch_client.indices.delete(index=f"{alias}*", params={"expand_wildcards": "open,closed"})

@@ -9,9 +9,9 @@ from scopekb.settings import OpenSearchSettings
 
 
 def test_shards_follow_expected_chunks_unless_set() -> None:
-    assert OpenSearchSettings().shards == 1  # 1 M chunks expected, 4 M a shard
-    assert OpenSearchSettings(expected_chunks=4_000_000).shards == 1
-    assert OpenSearchSettings(expected_chunks=4_000_001).shards == 2
+    assert OpenSearchSettings().shards == 1  # 1 M chunks expected, 2 M a shard
+    assert OpenSearchSettings(expected_chunks=2_000_000).shards == 1
+    assert OpenSearchSettings(expected_chunks=2_000_001).shards == 2
     assert OpenSearchSettings(expected_chunks=20_000_000, chunks_per_shard=2_000_000).shards == 10
     assert OpenSearchSettings(expected_chunks=0).shards == 1
     assert OpenSearchSettings(expected_chunks=50_000_000, shards=3).shards == 3  # an explicit value wins

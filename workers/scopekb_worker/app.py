@@ -22,10 +22,18 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+import redis
 import structlog
 from celery import Task
 from celery.exceptions import Reject, Retry
-from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    task_received,
+    worker_init,
+    worker_process_init,
+    worker_ready,
+)
 
 from scopekb import ops, queue
 from scopekb.coordination import Coordination, keys
@@ -37,6 +45,8 @@ from scopekb.models import DeadLetter, Job, JobState
 from scopekb.runtime import Runtime, build_runtime, celery_app, coordination
 from scopekb.settings import Settings, get_settings
 from scopekb.stores.base import RecordStore
+from scopekb_worker.heartbeat import Heartbeat, HeldTags
+from scopekb_worker.heartbeat import index_key as heartbeat_index_key
 
 log = get_logger("scopekb.worker")
 
@@ -50,6 +60,8 @@ FILE_ATTEMPTS_TTL_S = 7 * 24 * 3600
 #: Task-level retry backoff after a transient error: ``[d/2, d]`` with ``d = min(max, base * 2**retries)``.
 RETRY_BASE_S = 5.0
 RETRY_MAX_S = 300.0
+#: Seconds between checks while the search cluster cannot serve (red, no cluster manager) before a sync starts.
+CLUSTER_WAIT_S = 15
 #: Errors that say a dependency is (for now) unavailable: the sync is retried later, never spun on. Adapters
 #: translate their libraries' errors into :class:`scopekb.errors.Transient` (git, OpenSearch, Redis, S3 and the
 #: embedding API among them); ``OSError`` covers the local disk.
@@ -86,7 +98,8 @@ def effective_limits(s: Settings, conf: Any) -> dict[str, Any]:
             "prefetch_multiplier": conf.worker_prefetch_multiplier, "acks_late": conf.task_acks_late,
             "reject_on_worker_lost": conf.task_reject_on_worker_lost, "max_retries": s.worker.max_retries,
             "retry_backoff_s": [RETRY_BASE_S, RETRY_MAX_S], "lock_ttl_s": LOCK_TTL_S,
-            "file_attempts_limit": FILE_ATTEMPTS_LIMIT, "reconcile_interval_s": s.worker.reconcile_interval_s}
+            "file_attempts_limit": FILE_ATTEMPTS_LIMIT, "reconcile_interval_s": s.worker.reconcile_interval_s,
+            "heartbeat_s": s.worker.heartbeat_s if str(conf.broker_url or "").startswith("redis") else 0}
 
 
 def startup_problems(limits: dict[str, Any], coord: Coordination) -> list[str]:
@@ -95,9 +108,14 @@ def startup_problems(limits: dict[str, Any], coord: Coordination) -> list[str]:
     soft, hard, vis = limits["soft_time_limit_s"], limits["time_limit_s"], limits["visibility_timeout_s"]
     if not soft or not hard:
         out.append("task soft/hard time limits are not set: a stuck sync would hold its worker forever")
-    elif not vis or vis <= hard:
-        out.append(f"broker visibility_timeout ({vis}) must exceed the hard time limit ({hard}s), or Redis "
-                   "redelivers running tasks")
+    elif not vis:
+        out.append("broker visibility_timeout is not set")
+    elif limits["heartbeat_s"] and vis < 3 * limits["heartbeat_s"]:
+        out.append(f"broker visibility_timeout ({vis}) must be at least 3 x the heartbeat "
+                   f"({limits['heartbeat_s']}s), or Redis redelivers running tasks between two heartbeats")
+    elif not limits["heartbeat_s"] and vis <= hard:
+        out.append(f"broker visibility_timeout ({vis}) must exceed the hard time limit ({hard}s) without a "
+                   "heartbeat, or Redis redelivers running tasks")
     if not limits["result_expires_s"]:
         out.append("result_expires is not set: task results accumulate in Redis")
     if not limits["max_tasks_per_child"]:
@@ -124,6 +142,30 @@ def _startup_checks(sender: Any = None, **_: Any) -> None:
     log.info("worker_limits", **limits)
     for problem in startup_problems(limits, coordination(s)):
         log.warning("worker_startup_check", problem=problem)
+
+
+HELD = HeldTags()
+
+
+@task_received.connect
+def _held(request: Any = None, **_: Any) -> None:
+    """Remember the delivery tag of every message this worker receives (ETA retries included)."""
+    HELD.add(getattr(getattr(request, "message", None), "delivery_tag", None))
+
+
+@worker_ready.connect
+def _start_heartbeat(sender: Any = None, **_: Any) -> None:
+    """Start re-stamping the held messages (Redis broker only), so a live worker's tasks are never redelivered
+    while a dead worker's come back after ``worker.visibility_timeout_s`` (:mod:`scopekb_worker.heartbeat`)."""
+    s = get_settings()
+    broker = str(app.conf.broker_url or "")
+    if not s.worker.heartbeat_s or not broker.startswith("redis"):
+        return
+    beat = Heartbeat(redis.Redis.from_url(broker, socket_timeout=10), s.worker.heartbeat_s, HELD,
+                     heartbeat_index_key(app))
+    beat.start()
+    log.info("heartbeat_started", interval_s=s.worker.heartbeat_s,
+             visibility_timeout_s=(app.conf.broker_transport_options or {}).get("visibility_timeout"))
 
 
 @task_prerun.connect
@@ -163,6 +205,11 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
     if rt.coord.reindex_running():  # the index is being rebuilt: wait, without spending a retry attempt
         log.info("sync_deferred_for_reindex")
         raise self.retry(countdown=30, max_retries=None)
+    problem = rt.chunks.problem()
+    if problem is not None:  # the cluster cannot take writes now (red, no cluster manager): wait for it, without
+        # spending a retry attempt, rather than block in bulk requests it cannot serve (issue 24)
+        log.warning("sync_deferred_for_cluster", problem=problem)
+        raise self.retry(countdown=CLUSTER_WAIT_S, max_retries=None)
     log.info("sync_started", source_ids=source_ids, after=after, branch_deleted=branch_deleted, verify=verify,
              retries=self.request.retries)
     attempts = FileAttemptsRecorder(rt.coord, rt.records, self.name)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from scopekb.errors import ScopekbError
 from scopekb.models import Job, Source, utcnow
 
 
@@ -20,7 +21,7 @@ class StoreVersionMismatch(RuntimeError):
     """The live index was built for another mapping version or embedding dimension than this process's."""
 
 
-class IndexPlacementError(RuntimeError):
+class IndexPlacementError(ScopekbError):
     """The cluster cannot place the chunk index's shard copies (too few data nodes for the replicas asked for,
     or shards it holds are unassigned); the message says which numbers and what to change."""
 
@@ -81,6 +82,8 @@ class ChunkStore(Protocol):
     def ensure_index(self) -> str: ...
 
     def check_placement(self) -> dict[str, Any]: ...
+
+    def problem(self) -> str | None: ...
 
     def live_index(self) -> str | None: ...
 

@@ -54,6 +54,12 @@ def make_client(cfg: OpenSearchSettings, interactive: bool = False) -> OpenSearc
                       max_retries=3, retry_on_timeout=True, http_compress=False)
 
 
+#: A bulk request waits at most 20 s on the server for a primary shard or a cluster block (no elected cluster
+#: manager) before answering 503 for its items (OpenSearch's default is 1 min, longer than the client's 30 s, so a red
+#: cluster gave client timeouts retried three times: minutes in one call). ``request_timeout`` (the client's 30 s)
+#: must be given too: without it opensearch-py takes ``timeout`` as its own.
+_BULK_PARAMS = {"timeout": "20s", "request_timeout": 30}
+
 #: Searches never answer from part of the shards: with a shard that has no live copy (a red index) OpenSearch
 #: fails the search (503, ``search_phase_execution_exception``) instead of returning fewer hits as if complete.
 #: A copy lost mid-search is first retried on the shard's other copies, so replicas keep searches whole.
@@ -69,15 +75,21 @@ def cluster_problem(client: OpenSearch, index: str | None = None, timeout_s: flo
     Examples: ``"cluster red: no elected cluster manager (a majority of cluster-manager nodes is unreachable)"``,
     ``"cluster red: 2 primary shard(s) unassigned"``, ``"unreachable: ConnectionError"``.
     """
-    try:
-        health = client.cluster.health(index=index, params={"local": "true", "request_timeout": timeout_s})
-    except NotFoundError:
-        return None  # the index does not exist yet: nothing is unavailable
-    except TransportError as e:
-        return f"unreachable: {type(e).__name__}" if not isinstance(e.status_code, int) else \
-            f"health check failed: {e.status_code} {e.error}"
-    except Exception as e:  # noqa: BLE001 - any other client failure (timeouts) is reported by its type
-        return f"unreachable: {type(e).__name__}"
+    health: dict[str, Any] = {}
+    nodes = len(getattr(getattr(client, "transport", None), "hosts", None) or [None])
+    for attempt in range(nodes):  # a node that refuses is set aside by the pool: the next try asks another
+        try:
+            health = client.cluster.health(index=index, params={"local": "true", "request_timeout": timeout_s})
+            break
+        except NotFoundError:
+            return None  # the index does not exist yet: nothing is unavailable
+        except OSConnectionError as e:
+            if attempt == nodes - 1:
+                return f"unreachable: {type(e).__name__}"
+        except TransportError as e:
+            return f"health check failed: {e.status_code} {e.error}"
+        except Exception as e:  # noqa: BLE001 - any other client failure (timeouts) is reported by its type
+            return f"unreachable: {type(e).__name__}"
     status = str(health.get("status"))
     if not health.get("discovered_cluster_manager", health.get("discovered_master", True)):
         return (f"cluster {status}: no elected cluster manager (a majority of cluster-manager nodes is "
@@ -269,15 +281,36 @@ class OpenSearchChunkStore:
     def live_index(self) -> str | None:
         """The index the alias points at, or None when the alias does not exist."""
         try:
-            res = self.client.indices.get_alias(name=self.alias)
+            # ignore=404: a missing alias is an answer here, not a failure for the client to log as a warning
+            res = self.client.indices.get_alias(name=self.alias, params={"ignore": 404})
         except NotFoundError:
             return None
-        names = sorted(res.keys())
+        if res.get("status") == 404:
+            return None
+        names = sorted(k for k, v in res.items() if isinstance(v, dict))
         return names[-1] if names else None
 
     def health(self) -> None:
-        """Raise when the cluster does not answer its health API within 2 s (readiness)."""
-        self.client.cluster.health(params={"request_timeout": 2})
+        """Raise :class:`scopekb.errors.Transient` naming the reason when the cluster cannot serve the chunk index
+        now: unreachable within 2 s, no elected cluster manager, or the index red (readiness)."""
+        self.client.cluster.health(params={"local": "true", "request_timeout": 2})  # unreachable: its error
+        why = self.problem()
+        if why is not None:
+            raise Transient(why)
+
+    def _search_failure(self, exc: TransportError) -> ScopekbError:
+        """scopekb's error for a failed search: :func:`translate_opensearch`'s, and when the cluster itself says
+        why it cannot serve (red, no elected cluster manager) a ``Transient`` naming that reason."""
+        err = translate_opensearch(exc)
+        if isinstance(err, Transient) and not isinstance(exc, OSConnectionError):
+            why = self.problem()
+            if why is not None:
+                return Transient(f"search backend unavailable: {why}")
+        return err
+
+    def problem(self) -> str | None:
+        """Why the cluster cannot serve the chunk index now, in one line, or None (:func:`cluster_problem`)."""
+        return cluster_problem(self.client, index=self.alias)
 
     def refresh(self) -> None:
         """Make every write so far visible to search (tests and the CLI; syncs rely on the refresh interval)."""
@@ -302,7 +335,8 @@ class OpenSearchChunkStore:
             by_id = {d["_id"]: d for d in pending}
             for ok, item in helpers.streaming_bulk(self.client, actions, max_chunk_bytes=self.bulk_max_bytes,
                                                    chunk_size=500, raise_on_error=False,
-                                                   raise_on_exception=False, max_retries=0):
+                                                   raise_on_exception=False, max_retries=0,
+                                                   params=_BULK_PARAMS):
                 info = item.get("index", {})
                 if ok:
                     report.written += 1
@@ -458,6 +492,8 @@ class OpenSearchChunkStore:
             res = self.client.search(index=self.alias, body=body, params=_WHOLE_RESULTS)
         except NotFoundError:
             return []
+        except TransportError as e:
+            raise self._search_failure(e) from e
         return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]
 
     def vector_search(self, vector: Sequence[float], flt: SearchFilter, k: int) -> list[RawHit]:
@@ -479,5 +515,7 @@ class OpenSearchChunkStore:
                 raise IndexVersionMismatch(
                     f"the index behind {self.alias!r} was rebuilt for another embedding model; restart this "
                     "process with the new model settings") from None
-            raise
+            raise self._search_failure(e) from e
+        except TransportError as e:
+            raise self._search_failure(e) from e
         return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]

@@ -110,6 +110,10 @@ class SqliteChunkStore:
         kind = f"{self.dimension}-{tag}" if self.dimension else "kw"
         return f"sqlite:{self.path}#chunks-s{SCHEMA_VERSION}-{kind}"
 
+    def problem(self) -> str | None:
+        """Nothing to report beyond :meth:`health` (a local file): always None."""
+        return None
+
     def check_placement(self) -> dict[str, Any]:
         """One SQLite file holds everything: nothing to place (the same call as OpenSearch's for ``init``)."""
         return {"store": "sqlite", "status": "green"}
