@@ -14,11 +14,13 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from scopekb import ops
 from scopekb.errors import NotFound
 from scopekb.logging import configure_logging
 from scopekb.models import KeyCreate, SearchMode, SearchRequest, Source, SourceCreate
+from scopekb.render import one_line, terminal_text
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.search import SearchUnavailable, run_search
 from scopekb.settings import get_settings
@@ -34,6 +36,12 @@ app.add_typer(key_app, name="key")
 app.add_typer(dl_app, name="deadletters")
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
+
+
+def _add_row(table: Table, *cells: object) -> None:
+    """Add a row whose cells are plain text: values from records (names, refs, errors) are never read as Rich
+    markup (``[/bold]`` would raise or hide text) and their control characters are shown escaped."""
+    table.add_row(*(Text(one_line(c)) for c in cells))
 
 
 @app.callback()
@@ -237,7 +245,7 @@ def source_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
         return
     t = Table("id", "agent", "context", "repo", "ref")
     for x in srcs:
-        t.add_row(x.id, x.agent_name, x.context_id, x.repo_name or x.repo_url, x.ref)
+        _add_row(t, x.id, x.agent_name, x.context_id, x.repo_name or x.repo_url, x.ref)
     out.print(t)
 
 
@@ -265,7 +273,7 @@ def key_list() -> None:
     """List keys (never the keys themselves)."""
     t = Table("id", "agent", "contexts", "label", "revoked")
     for k in ops.list_keys(_rt()):
-        t.add_row(k.id, k.agent_name, ",".join(k.context_ids or ["*"]), k.label or "",
+        _add_row(t, k.id, k.agent_name, ",".join(k.context_ids or ["*"]), k.label or "",
                   str(k.revoked_at or ""))
     out.print(t)
 
@@ -285,7 +293,7 @@ def dl_list(include_replayed: bool = False) -> None:
     """Tasks parked after failing worker.max_retries times."""
     t = Table("id", "task", "attempts", "error", "created", "replayed")
     for d in ops.list_dead_letters(_rt(), include_replayed):
-        t.add_row(d.id, d.task, str(d.attempts), d.error[:80], str(d.created_at), str(d.replayed_at or ""))
+        _add_row(t, d.id, d.task, str(d.attempts), d.error[:80], str(d.created_at), str(d.replayed_at or ""))
     out.print(t)
 
 
@@ -392,14 +400,15 @@ def index(target: Annotated[str, typer.Argument(help="a folder, a local git repo
         out.print_json(job.model_dump_json())
         return
     secs = (job.finished_at - job.started_at).total_seconds() if job.finished_at and job.started_at else 0.0
-    t = Table(show_header=False, title=f"indexed {src.repo_name or src.repo_url}", title_justify="left")
+    t = Table(show_header=False, title=Text(f"indexed {one_line(src.repo_name or src.repo_url)}"),
+              title_justify="left")
     for k, v in [("source", src.id), ("scope", f"{src.agent_name}/{src.context_id}"), ("state", job.state.value),
                  ("commit", (job.to_commit or "")[:12]), ("files indexed", job.files_indexed),
                  ("files skipped", sum(job.files_skipped.values())), ("files deleted", job.files_deleted),
                  ("chunks written", job.chunks_written), ("chunks deleted", job.chunks_deleted),
                  ("embeddings computed", job.embeddings_computed), ("embeddings cached", job.embeddings_cached),
                  ("seconds", f"{secs:.2f}")]:
-        t.add_row(k, str(v))
+        _add_row(t, k, str(v))
     out.print(t)
     if job.files_skipped:
         out.print("skipped: " + ", ".join(f"{k} {v}" for k, v in sorted(job.files_skipped.items())))
@@ -418,10 +427,6 @@ def search(query: str,
            language: Annotated[list[str] | None, typer.Option("--language")] = None,
            as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Search as an operator within an explicit scope (agents use the query API or MCP with their keys)."""
-    from rich.text import Text
-
-    from scopekb.render import one_line, terminal_text
-
     s = get_settings()
     rt = _rt()
     chosen = mode or (SearchMode.hybrid if rt.embedder is not None else SearchMode.keyword)
@@ -454,7 +459,7 @@ def search(query: str,
         snippet.highlight_words(words, style="bold yellow", case_sensitive=False)
         out.print(snippet)
     if resp.notice:
-        err.print(resp.notice)
+        err.print(one_line(resp.notice, 2000), markup=False, highlight=False)
 
 
 @app.command()
@@ -472,7 +477,7 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         return
     t = Table("source", "scope", "repo", "ref", "indexed commit", "documents", "chunks")
     for r in rows:
-        t.add_row(r["source"], r["scope"], str(r["repo"]), r["ref"], (r["indexed_commit"] or "-")[:12],
+        _add_row(t, r["source"], r["scope"], str(r["repo"]), r["ref"], (r["indexed_commit"] or "-")[:12],
                   str(r["documents"]), str(r["chunks"]))
     out.print(t)
     if not rows:

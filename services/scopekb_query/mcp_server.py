@@ -240,9 +240,9 @@ def _add_status(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
         for s in sorted(sources, key=lambda s: (s.context_id, s.id)):
             st = source_status(rt, s)
             commit = (st["indexed_commit"] or "none")[:12]
-            lines.append(f"- {s.id} context {s.context_id!r} repo {one_line(s.repo_name or s.repo_url)}@{s.ref}: "
-                         f"{st['status']}, {st['documents']} documents, {st['chunks']} chunks, indexed commit "
-                         f"{commit} at {_fmt_time(st['indexed_at'])}")
+            repo = f"{one_line(s.repo_name or s.repo_url)}@{one_line(s.ref)}"
+            lines.append(f"- {s.id} context {s.context_id!r} repo {repo}: {st['status']}, {st['documents']} "
+                         f"documents, {st['chunks']} chunks, indexed commit {commit} at {_fmt_time(st['indexed_at'])}")
         return "\n".join(lines)
 
     @server.tool(name="status", title="Index status",
@@ -265,8 +265,8 @@ def _add_index(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
             raise ToolError(f"source {source_id!r} not found for this key")
         job_id = ops.sync_source(rt, src, "manual")
         log.info("mcp_sync_queued", source_id=src.id, job_id=job_id, key_id=key.id)
-        return (f"Queued a sync of source {src.id} ({one_line(src.repo_name or src.repo_url)}@{src.ref}, context "
-                f"{src.context_id!r}). Job id: {job_id}")
+        repo = f"{one_line(src.repo_name or src.repo_url)}@{one_line(src.ref)}"
+        return f"Queued a sync of source {src.id} ({repo}, context {src.context_id!r}). Job id: {job_id}"
 
     @server.tool(name="index", title="Sync a source now",
                  annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,

@@ -101,9 +101,20 @@ class SourceCreate(Scope):
     @field_validator("ref")
     @classmethod
     def _ref(cls, v: str) -> str:
+        # git check-ref-format: no ASCII control characters (< 0x20, DEL), space, ~ ^ : ? * [ \\ or "..".
         v = v.removeprefix("refs/heads/")
-        if not v or v.startswith("/") or ".." in v or any(c in v for c in " ~^:?*[\\\x00"):
+        if cls is not SourceCreate:  # a stored record loads as it was stored (never lose a source by a new rule)
+            return v
+        if (not v or v.startswith("/") or ".." in v or any(c in v for c in " ~^:?*[\\")
+                or any(ord(c) < 0x20 or ord(c) == 0x7F for c in v)):
             raise ValueError("ref must be a branch name such as 'main'")
+        return v
+
+    @field_validator("repo_name")
+    @classmethod
+    def _repo_name(cls, v: str | None) -> str | None:
+        if cls is SourceCreate and v is not None and not _SCOPE_RE.match(v):
+            raise ValueError("repo_name must be 1-200 printable characters without leading/trailing spaces")
         return v
 
     @model_validator(mode="after")

@@ -165,3 +165,36 @@ def test_search_output_shows_indexed_control_characters_escaped(tmp_path: Path) 
     assert "\x1b" not in p.stdout and "\x07" not in p.stdout, p.stdout
     assert "\\x1b[31mred" in p.stdout and "a\\n[9] evil.py" in p.stdout, p.stdout
     assert not any(ln.startswith("[9]") for ln in p.stdout.splitlines())
+
+
+@pytest.mark.parametrize("profile", ["embedded", "distributed"])
+def test_tables_print_record_values_as_text(tmp_path: Path, profile: str, request: pytest.FixtureRequest) -> None:
+    """Names in records are data, not Rich markup: a repository name or key label with ``[/bold]`` (an unbalanced
+    closing tag raised ``MarkupError`` and took down ``status``/``source list``/``key list``) or a balanced tag
+    (which hid text) prints literally, with control characters escaped."""
+    env = request.getfixturevalue("dist")[0] if profile == "distributed" else base_env(tmp_path)
+    env = {**env, "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true"}
+    name = "x[/bold]y [bold red]hid[/]"
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    added = run(["source", "add", "--agent", "a1", "--context", "c1", "--repo", str(repo),
+                 "--repo-name", name], env, tmp_path)
+    assert added.returncode == 0, added.stderr
+    assert run(["key", "create", "--agent", "[/red]", "--label", "[/x] lab"], env, tmp_path).returncode == 0
+    for args, needle in ((["source", "list"], "[/bold]y"), (["status"], "[bold red]hid[/]"),
+                         (["key", "list"], "[/x] lab")):
+        p = run([*args], {**env, "COLUMNS": "400"}, tmp_path)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, (args, p.stderr)
+        assert needle in p.stdout, (args, p.stdout)
+
+
+def test_refs_and_names_with_control_characters_are_refused(tmp_path: Path) -> None:
+    """A ref git could never have (ESC, newline: git check-ref-format) or a repository name with control
+    characters is refused at registration with one line, so neither reaches a status line."""
+    env = base_env(tmp_path)
+    for extra in (["--ref", "ma\x1bin"], ["--ref", "main\nX"], ["--repo-name", "evil\n- src_fake: READY"]):
+        p = run(["source", "add", "--agent", "a1", "--context", "c1", "--repo", str(tmp_path), *extra], env,
+                tmp_path)
+        assert_one_line_error(p, extra[0].lstrip("-").replace("-", "_"))
+    listed = run(["source", "list", "--json"], env, tmp_path)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stdout

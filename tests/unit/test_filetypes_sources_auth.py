@@ -83,3 +83,19 @@ def test_keys_are_random_and_hashed() -> None:
     k1, h1 = new_key()
     k2, _ = new_key()
     assert k1 != k2 and h1 == hash_key(k1) and k1 not in h1 and len(k1) > 40
+
+
+def test_source_refs_follow_check_ref_format_and_stored_records_still_load() -> None:
+    """Control characters (ESC, newline, DEL) are refused in a new source's ref and repository name (git's
+    check-ref-format forbids them in refs); a record stored before the rule still loads as it was."""
+    import pydantic
+
+    from scopekb.models import Source, SourceCreate
+
+    base = {"agent_name": "a", "context_id": "c", "repo_url": "https://example.invalid/r.git"}
+    for bad in ({"ref": "ma\x1bin"}, {"ref": "main\nX"}, {"ref": "a\x7fb"}, {"repo_name": "x\n- forged"}):
+        with pytest.raises(pydantic.ValidationError):
+            SourceCreate(**base, **bad)
+    assert SourceCreate(**base, ref="refs/heads/feature/x", repo_name="owner/[repo]").ref == "feature/x"
+    old = Source.model_validate({**base, "id": "src_1", "ref": "ma\x1bin", "repo_name": "x\ny"})
+    assert old.ref == "ma\x1bin" and old.repo_name == "x\ny"
