@@ -358,8 +358,14 @@ def test_the_worst_allowed_file_patterns_answer_quickly_and_correctly(corpus: Ch
     emb = embedder({})
     for mode in ("keyword", "vector"):
         t0 = time.perf_counter()
+        search(corpus, COMMON, scope(0), mode, emb, max_results=50, file_patterns=["src/**"])
+        baseline = time.perf_counter() - t0
+        t0 = time.perf_counter()
         resp = search(corpus, COMMON, scope(0), mode, emb, max_results=50, file_patterns=worst)
-        assert time.perf_counter() - t0 < 2.0, mode  # generous: the 21 characters took 8 s on SQLite
+        took = time.perf_counter() - t0
+        # A bound, not a speed target: exponential matching (the 21 characters took 8 s on SQLite, and
+        # these patterns are far longer) overshoots it by orders of magnitude; a loaded 2-core machine does not.
+        assert took < max(6.0, 30 * baseline), (mode, took, baseline)
         assert {h.path for h in resp.hits} == {"src/upload/retry.go", "src/pkg/data.py"}, mode
 
 
