@@ -40,8 +40,9 @@ err = Console(stderr=True, soft_wrap=True)
 
 def _add_row(table: Table, *cells: object) -> None:
     """Add a row whose cells are plain text: values from records (names, refs, errors) are never read as Rich
-    markup (``[/bold]`` would raise or hide text) and their control characters are shown escaped."""
-    table.add_row(*(Text(one_line(c)) for c in cells))
+    markup (``[/bold]`` would raise or hide text), their control characters are shown escaped, and a narrow
+    terminal folds them rather than cutting them (a source id must stay whole to be used)."""
+    table.add_row(*(Text(one_line(c), overflow="fold") for c in cells))  # ids whole, never cut with …
 
 
 @app.callback()
