@@ -289,6 +289,19 @@ class Doc:
                 m = (a + b) // 2
                 stack.extend(reversed([p.like(p.s, p.s, c) for c in ((a, m), (m, b))
                                        if self.lines[p.s][c[0]:c[1]].strip()]))
+        if len(out) != len(pieces) and all(p.kind == "lines" and p.cols is None for p in out):
+            out = self._in_line_order(out)
+        return out
+
+    @staticmethod
+    def _in_line_order(pieces: list[Piece]) -> list[Piece]:
+        """Overlapping line windows cut in halves interleave (``1-3, 2-4`` become ``1-2, 3, 2-3, 4``): put the
+        pieces back in line order and drop a piece whose rows the previous one already holds."""
+        out: list[Piece] = []
+        for p in sorted(pieces, key=lambda q: (q.s, q.e)):
+            if out and out[-1].s <= p.s and p.e <= out[-1].e:
+                continue
+            out.append(p)
         return out
 
     def to_chunks(self, pieces: list[Piece], row_map: list[int] | None = None) -> list[Chunk]:
