@@ -115,6 +115,9 @@ def test_a_queued_sync_is_visible_as_a_job_at_once(api: dict[str, Any]) -> None:
     assert job.json()["trigger"] == "manual"
     assert c.get("/v1/jobs/nope").status_code == 404
     assert c.post("/v1/sources/src_missing/sync").status_code == 404
+    for bad in ("-1", "0", "100000000", "x"):  # out of 1..200: a 422 naming the range, not a silent clamp
+        r = c.get(f"/v1/jobs?limit={bad}")
+        assert r.status_code == 422 and "limit" in r.text, (bad, r.status_code, r.text)
 
 
 def test_keys_search_and_revocation(api: dict[str, Any]) -> None:
@@ -133,6 +136,11 @@ def test_keys_search_and_revocation(api: dict[str, Any]) -> None:
     assert [h["path"] for h in hits] == ["lib.py"]
     assert c.post("/v1/search", json={"query": "x", "context_id": "other"}, headers=agent).status_code == 403
     assert c.post("/v1/search", json={"query": "x"}).status_code == 403  # the admin token does not search
+    for fmt in ("xml", "%ff%00", "TEXT"):  # an unknown format is refused, not answered as JSON
+        r = c.post(f"/v1/search?format={fmt}", json={"query": "profiles_marker_function"}, headers=agent)
+        assert r.status_code == 422 and "format" in r.text, (fmt, r.status_code, r.text)
+    text = c.post("/v1/search?format=text", json={"query": "profiles_marker_function"}, headers=agent)
+    assert text.status_code == 200 and text.headers["content-type"].startswith("text/plain")
     assert c.get("/v1/status").json()["chunks"] >= 1
     assert c.delete(f"/v1/keys/{key_id}").json() == {"revoked": True}
     assert c.post("/v1/search", json={"query": "x"}, headers=agent).status_code == 401

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from scopekb import ops
 from scopekb_query.deps import ADMIN, Rt
@@ -21,9 +21,11 @@ def get_job(job_id: str, rt: Rt) -> dict[str, Any]:
 
 
 @router.get("/v1/jobs")
-def list_jobs(rt: Rt, source_id: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-    """The newest jobs (at most ``limit``, 1 to 200), optionally of one source."""
-    return [j.model_dump(mode="json") for j in rt.records.list_jobs(source_id, size=min(max(limit, 1), MAX_JOBS))]
+def list_jobs(rt: Rt, source_id: str | None = None,
+              limit: Annotated[int, Query(ge=1, le=MAX_JOBS)] = 20) -> list[dict[str, Any]]:
+    """The newest jobs (at most ``limit``, 1 to 200: outside that a 422 naming the range), optionally of one
+    source."""
+    return [j.model_dump(mode="json") for j in rt.records.list_jobs(source_id, size=limit)]
 
 
 @router.get("/v1/deadletters")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import PlainTextResponse
@@ -16,8 +16,10 @@ router = APIRouter(tags=["search"])
 
 
 @router.post("/v1/search", response_model=SearchResponse)
-def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt, format: str = "json") -> Any:
-    """Search within the caller's scope. ``?format=text`` returns the agent text rendering."""
+def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt,
+           format: Literal["json", "text"] = "json") -> Any:
+    """Search within the caller's scope. ``?format=text`` returns the agent text rendering; any other format
+    than ``json`` or ``text`` is a 422 naming the choices."""
     request.scope["scopekb_mode"] = req.mode.value
     if c.key is None:
         raise HTTPException(403, "searches need an agent key, not the admin token")
