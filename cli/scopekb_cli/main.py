@@ -205,7 +205,8 @@ def init() -> None:
     from scopekb.stores.base import StoreVersionMismatch
 
     rt = _rt()
-    rt.chunks.check_placement()
+    if rt.chunks.live_index() is None:
+        rt.chunks.check_placement()  # before creating anything; an existing index is first checked to be ours
     try:
         name = rt.chunks.ensure_index()
     except StoreVersionMismatch as e:
