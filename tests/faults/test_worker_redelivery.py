@@ -6,20 +6,45 @@ worker running the sync lives, the other one must not start it, although the syn
 visibility timeout. Then the running worker is SIGKILLed (parent and pool process): its message is no longer
 stamped, the other worker gets it back after about the visibility timeout (measured: from the kill to the
 second ``sync_started``) and finishes it; the index equals a fresh full index.
+
+The sync is paced by its embeddings (an OpenAI-compatible stub that takes :data:`PACE_S` per request) so that it
+outlives the visibility timeout on a fast idle machine as on a loaded one; the pace is lifted after the kill.
 """
 
 from __future__ import annotations
 
 import time
 
+from tests.openai_stub import OpenAIStub
+
 from .harness import generate_repo, wait_until
+from .test_embedding_faults import DIM, hash_encoder
 
 VISIBILITY_S = 12
+#: Seconds each embedding request takes before the kill: 500 files in batches of 40 make 13 or more requests,
+#: so the sync runs well past VISIBILITY_S + 6 s whatever the machine's speed.
+PACE_S = 2.5
 
 
 def test_dead_worker_task_redelivered_fast_live_one_never_doubled(make_stack, tmp_path, report) -> None:
-    stack = make_stack("redeliver", SCOPEKB_WORKER__BATCH_FILES="40", SCOPEKB_OPENSEARCH__BULK_MAX_BYTES="131072",
-                       SCOPEKB_WORKER__VISIBILITY_TIMEOUT_S=str(VISIBILITY_S), SCOPEKB_WORKER__HEARTBEAT_S="3")
+    pace = {"s": PACE_S}
+
+    def paced(texts: list[str]):  # noqa: ANN202 - the stub's encode signature
+        time.sleep(pace["s"])
+        return hash_encoder(texts)
+
+    with OpenAIStub(paced, api_key="faults-key") as stub:
+        embedding = {"SCOPEKB_EMBEDDING__PROVIDER": "openai", "SCOPEKB_EMBEDDING__BASE_URL": stub.base_url,
+                     "SCOPEKB_EMBEDDING__API_KEY": "faults-key", "SCOPEKB_EMBEDDING__MODEL": "stub-embed",
+                     "SCOPEKB_EMBEDDING__DIMENSIONS": str(DIM)}
+        stack = make_stack("redeliver", SCOPEKB_WORKER__BATCH_FILES="40",
+                           SCOPEKB_OPENSEARCH__BULK_MAX_BYTES="131072",
+                           SCOPEKB_WORKER__VISIBILITY_TIMEOUT_S=str(VISIBILITY_S), SCOPEKB_WORKER__HEARTBEAT_S="3",
+                           **embedding)
+        _kill_and_redeliver(stack, tmp_path, report, pace)
+
+
+def _kill_and_redeliver(stack, tmp_path, report, pace: dict[str, float]) -> None:  # noqa: ANN001
     repo = tmp_path / "repo"
     commit = generate_repo(repo, files=500)
     stack.start_query()
@@ -42,6 +67,7 @@ def test_dead_worker_task_redelivered_fast_live_one_never_doubled(make_stack, tm
     doubled = started(other)
     killed = stack.kill(runner)
     killed_at = time.monotonic()
+    pace["s"] = 0.0
     report("injected", fault=f"SIGKILL of {runner.name} (parent + pool) after the sync ran {running_for}s",
            visibility_timeout_s=VISIBILITY_S, heartbeat_s=3, pids=killed, commit=commit[:10],
            job_state_before_kill=job_before.get("state"), chunks_at_kill=stack.count(src),
