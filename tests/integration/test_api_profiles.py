@@ -18,21 +18,14 @@ from fastapi.testclient import TestClient
 
 from scopekb.realrepo import git
 from scopekb.settings import Settings
+from tests.profiles import profile_settings
 
 ADMIN = "profiles-admin-" + uuid.uuid4().hex
 PROFILES = ["embedded", "distributed"]
 
 
 def _settings(profile: str, tmp: Path, services: dict[str, Any], run: str) -> Settings:
-    common: dict[str, Any] = {"query": {"admin_token": ADMIN}, "embedding": {"provider": "none"},
-                              "git": {"allow_local_paths": True, "cache_dir": str(tmp / "git")},
-                              "log_format": "json", "log_level": "WARNING", "profile": profile}
-    if profile == "embedded":
-        return Settings(data_dir=tmp / "data", **common)
-    return Settings(opensearch={"url": services["opensearch_url"], "alias": f"{run}-chunks",
-                                "system_prefix": f"{run}-sys"},
-                    redis={"url": services["redis_url"]}, worker={"queue": f"{run}-queue"},
-                    s3={**services["s3_config"], "bucket": run}, **common)
+    return profile_settings(profile, tmp, services, run, ADMIN)
 
 
 @pytest.fixture(params=PROFILES)

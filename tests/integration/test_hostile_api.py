@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from scopekb.settings import Settings
+from tests.profiles import profile_settings
 from tests.webhook_fixtures import ZERO, delivery
 
 ADMIN = "hostile-admin-" + uuid.uuid4().hex
@@ -22,16 +23,7 @@ PROVS = ["github", "gitlab", "gitea", "forgejo", "bitbucket"]
 
 
 def _settings(profile: str, tmp: Path, services: dict[str, Any], run: str) -> Settings:
-    common: dict[str, Any] = {"query": {"admin_token": ADMIN}, "embedding": {"provider": "none"},
-                              "git": {"allow_local_paths": True, "cache_dir": str(tmp / "git")},
-                              "ingester": {"s3_event_token": "s3-token"},
-                              "log_format": "json", "log_level": "WARNING", "profile": profile}
-    if profile == "embedded":
-        return Settings(data_dir=tmp / "data", **common)
-    return Settings(opensearch={"url": services["opensearch_url"], "alias": f"{run}-chunks",
-                                "system_prefix": f"{run}-sys"},
-                    redis={"url": services["redis_url"]}, worker={"queue": f"{run}-queue"},
-                    s3={**services["s3_config"], "bucket": run}, **common)
+    return profile_settings(profile, tmp, services, run, ADMIN, ingester={"s3_event_token": "s3-token"})
 
 
 @pytest.fixture(params=["embedded", "distributed"])
