@@ -19,7 +19,7 @@ from rich.text import Text
 from scopekb import ops
 from scopekb.errors import NotFound
 from scopekb.logging import configure_logging
-from scopekb.models import KeyCreate, SearchMode, SearchRequest, Source, SourceCreate
+from scopekb.models import KeyCreate, ReadRequest, SearchMode, SearchRequest, Source, SourceCreate
 from scopekb.render import one_line, terminal_text
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.search import SearchUnavailable, run_search
@@ -462,6 +462,29 @@ def search(query: str,
         out.print(snippet)
     if resp.notice:
         err.print(one_line(resp.notice, 2000), markup=False, highlight=False)
+
+
+@app.command()
+def read(path: Annotated[str, typer.Argument(help="a search hit's path")],
+         blob_sha: Annotated[str, typer.Argument(help="the hit's blob_sha")],
+         start: Annotated[int, typer.Option("--start", help="first line, 1-based")] = 1,
+         end: Annotated[int | None, typer.Option("--end", help="last line, inclusive; default: the last")] = None,
+         agent: Annotated[str, typer.Option(help="agent whose chunks name the blob")] = "local",
+         context: Annotated[str | None, typer.Option(help="one context; default: all contexts of the agent")] = None,
+         as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Write exactly lines START..END of an indexed file version (a hit's path and blob_sha) to stdout, bytes as
+    the blob holds them; --json gives them with their repo, ref and commit."""
+    from scopekb.reading import read_lines, result_bytes
+
+    rt = _rt()
+    req = ReadRequest(path=path, blob_sha=blob_sha, start_line=start, end_line=end, context_id=context,
+                      cross_context=context is None)
+    res = read_lines(rt.chunks, rt.blobs, ScopeFilter(agent, None if context is None else (context,)), req)
+    if as_json:
+        out.print_json(res.model_dump_json())
+        return
+    sys.stdout.buffer.write(result_bytes(res))
+    sys.stdout.buffer.flush()
 
 
 @app.command()

@@ -13,6 +13,9 @@ CONTEXT_ID = "context_id"
 SOURCE_ID = "source_id"
 REPO = "repo"
 REF = "ref"
+#: Every ref (branch, tag, pinned commit) of the source whose indexed commit holds this chunk (issue 23): one
+#: document per distinct (path, line range, content) of a source, whatever number of refs share it.
+REFS = "refs"
 COMMIT = "commit"
 PATH = "path"
 PATH_TEXT = "path.text"
@@ -90,6 +93,7 @@ def chunk_mapping(dimension: int | None) -> dict[str, Any]:
         SOURCE_ID: {"type": "keyword"},
         REPO: {"type": "keyword"},
         REF: {"type": "keyword"},
+        REFS: {"type": "keyword"},
         COMMIT: {"type": "keyword"},
         PATH: {"type": "keyword", "fields": {"text": {"type": "text", "analyzer": CODE_ANALYZER,
                                                       "search_analyzer": CODE_SEARCH_ANALYZER}}},

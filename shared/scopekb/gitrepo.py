@@ -188,6 +188,24 @@ class Mirror:
         except git.GitCommandError:
             return None
 
+    def list_refs(self) -> dict[str, str]:
+        """Every branch and tag of the mirror: full ref name (``refs/heads/main``, ``refs/tags/v1.0``) → commit id
+        (annotated tags peeled to their commit; tags of non-commits left out)."""
+        out: dict[str, str] = {}
+        raw = str(self.repo.git.for_each_ref("--format=%(refname)%00%(objectname)%00%(*objectname)%00%(*objecttype)"
+                                             "%00%(objecttype)", "refs/heads", "refs/tags"))
+        for line in raw.splitlines():
+            parts = line.split("\0")
+            if len(parts) != 5:
+                continue
+            name, obj, peeled, peeled_type, obj_type = parts
+            if peeled:
+                if peeled_type == "commit":
+                    out[name] = peeled
+            elif obj_type == "commit":
+                out[name] = obj
+        return out
+
     def has_commit(self, sha: str | None) -> bool:
         """True when ``sha`` is a commit present in the mirror."""
         if not is_sha(sha):

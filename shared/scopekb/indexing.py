@@ -661,7 +661,7 @@ def _doc(src: Source, path: str, lang: str, c: Chunk, blob_sha: str, commit: str
     return {
         "_id": F.chunk_id(src.agent_name, src.context_id, src.id, path, c.chunk_index, content_sha),
         F.AGENT_NAME: src.agent_name, F.CONTEXT_ID: src.context_id, F.SOURCE_ID: src.id,
-        F.REPO: src.repo_name or src.repo_url, F.REF: src.ref, F.COMMIT: commit, F.PATH: path,
+        F.REPO: src.repo_name or src.repo_url, F.REF: src.ref, F.REFS: [src.ref], F.COMMIT: commit, F.PATH: path,
         F.LANGUAGE: lang, F.KIND: c.kind, F.SYMBOL: c.symbol, F.SIGNATURE: c.signature, F.CONTENT: c.content,
         F.CHUNK_INDEX: c.chunk_index, F.START_LINE: c.start_line, F.END_LINE: c.end_line,
         F.CONTENT_SHA: content_sha, F.BLOB_SHA: blob_sha, F.METADATA: c.metadata, F.INDEXED_AT: now,

@@ -200,7 +200,8 @@ class SearchRequest(BaseModel):
     languages: list[str] = Field(default_factory=list, max_length=50)
     source_id: str | None = None
     repo: str | None = None
-    ref: str | None = None
+    ref: str | None = Field(default=None, max_length=256,
+                            description="a branch or tag name, or a commit id that is the indexed head of one")
 
     @field_validator("query")
     @classmethod
@@ -240,11 +241,70 @@ class SearchHit(BaseModel):
     symbol: str | None = None
     repo: str | None = None
     ref: str | None = None
+    refs: list[str] | None = Field(default=None, description="every indexed ref whose commit holds this chunk")
     commit: str | None = None
+    blob_sha: str | None = Field(
+        default=None, description="git blob id (or object ETag) of the whole document; with path it names what "
+                                  "GET /v1/read returns")
     source_id: str | None = None
     agent_name: str
     context_id: str
     indexed_at: datetime | None = None
+
+
+#: A git blob id (40 hex, SHA-1 repositories; 64 hex, SHA-256 ones) or a content hash used as a blob key.
+BLOB_SHA_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+
+
+class ReadRequest(BaseModel):
+    """Lines of one indexed blob (``GET /v1/read``, the MCP ``read`` tool, ``scopekb read``).
+
+    ``path`` and ``blob_sha`` are what a search hit names; lines are 1-based and inclusive (``end_line`` None: to
+    the end of the blob). The scope comes from the credential, as for a search.
+    """
+
+    path: str = Field(min_length=1, max_length=4096)
+    blob_sha: str = Field(description="40 or 64 lowercase hex digits, as a hit's blob_sha")
+    start_line: int = Field(default=1, ge=1)
+    end_line: int | None = Field(default=None, ge=1)
+    repo: str | None = Field(default=None, max_length=1000)
+    context_id: str | None = None
+    cross_context: bool = False
+
+    @field_validator("blob_sha")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        if not BLOB_SHA_RE.match(v):
+            raise ValueError("blob_sha must be 40 or 64 lowercase hex digits (a hit's blob_sha)")
+        return v
+
+    @model_validator(mode="after")
+    def _range(self) -> ReadRequest:
+        if self.end_line is not None and self.end_line < self.start_line:
+            raise ValueError("end_line must not be before start_line")
+        return self
+
+
+class ReadResult(BaseModel):
+    """Exactly the bytes of lines ``start_line..end_line`` of a blob, with where they come from.
+
+    Lines end as in the blob (LF, CRLF or CR, the last one possibly without an end). ``content`` holds them when
+    they are valid UTF-8 (then ``content.encode("utf-8")`` is the bytes), else ``content_base64`` does.
+    """
+
+    repo: str | None = None
+    ref: str | None = None
+    commit: str | None = None
+    source_id: str | None = None
+    blob_sha: str
+    path: str
+    start_line: int
+    end_line: int
+    total_lines: int = Field(description="lines in the whole blob")
+    content: str | None = None
+    content_base64: str | None = None
+    agent_name: str
+    context_id: str
 
 
 class SearchResponse(BaseModel):
@@ -273,6 +333,8 @@ class Job(BaseModel):
     ref: str | None = None
     from_commit: dict[str, str | None] = Field(default_factory=dict, description="per source id")
     to_commit: str | None = None
+    ref_commits: dict[str, str] = Field(
+        default_factory=dict, description="each tracked ref this sync brought to a commit: ref name -> commit")
     files_seen: int = 0
     files_indexed: int = 0
     files_deleted: int = 0

@@ -80,10 +80,13 @@ def fence_nonce(contents: Iterable[str]) -> str:
 
 
 def hit_header(n: int, h: SearchHit) -> str:
-    """The structure line naming hit ``n``: ``[n] path:start-end (score 0.92) symbol``, data parts escaped."""
+    """The structure line naming hit ``n``: ``[n] path:start-end (score 0.92) symbol blob <blob_sha>``, data
+    parts escaped."""
     head = f"[{int(n)}] {one_line(h.path)}:{int(h.start_line)}-{int(h.end_line)} (score {float(h.score):.2f})"
     if h.symbol:
         head += f" {one_line(h.symbol, 200)}"
+    if h.blob_sha:  # what the ``read`` tool needs to open this file at this version
+        head += f" blob {one_line(h.blob_sha, 64)}"
     return head
 
 

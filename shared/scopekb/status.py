@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from scopekb.models import Source
+from scopekb.models import Source, utcnow
+from scopekb.refs import ref_heads
 from scopekb.stores.base import ChunkStore, RecordStore
 
 
@@ -29,4 +30,20 @@ def source_status(records: RecordStore, chunks: ChunkStore, src: Source) -> dict
         status = "READY"
     behind = bool(last is not None and last.to_commit and last.to_commit != state.get("commit"))
     return {"status": status, "indexed_commit": state.get("commit"), "indexed_at": state.get("indexed_at"),
-            "behind_last_push": behind, **stats, "last_job": last.model_dump(mode="json") if last else None}
+            "behind_last_push": behind, "refs": ref_report(state, src, last), **stats,
+            "last_job": last.model_dump(mode="json") if last else None}
+
+
+def ref_report(state: dict[str, Any], src: Source, last: Any) -> list[dict[str, Any]]:
+    """Each indexed ref of a source (issue 23): ``{"ref", "commit", "indexed_at", "pinned", "behind",
+    "lag_s"}``, by name. ``behind``: the newest job saw another commit for that ref than the indexed one;
+    ``lag_s``: seconds since that job was created while behind, else 0."""
+    seen = dict(getattr(last, "ref_commits", None) or {})
+    out = []
+    for name, h in sorted(ref_heads(state, src).items()):
+        target = seen.get(name)
+        behind = bool(target and target != h.get("commit"))
+        lag = max(0.0, (utcnow() - last.created_at).total_seconds()) if behind and last is not None else 0.0
+        out.append({"ref": name, "commit": h.get("commit"), "indexed_at": h.get("indexed_at"),
+                    "pinned": bool(h.get("pinned")), "behind": behind, "lag_s": round(lag, 1)})
+    return out

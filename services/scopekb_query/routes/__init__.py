@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from scopekb_query.routes import health, jobs, keys, search, sources
+from scopekb_query.routes import health, jobs, keys, read, search, sources
 
 #: Every router of the query service's REST API, in the order they are included.
-ROUTERS: tuple[APIRouter, ...] = (health.router, search.router, sources.router, keys.router, jobs.router)
+ROUTERS: tuple[APIRouter, ...] = (health.router, search.router, read.router, sources.router, keys.router, jobs.router)

@@ -25,7 +25,7 @@ def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt,
         raise HTTPException(403, "searches need an agent key, not the admin token")
     scope = resolve_scope(c.key, req.context_id, req.cross_context)  # Refused (401/403/400) -> its status
     resp = run_search(rt.chunks, req, scope, rt.settings.query,  # SearchUnavailable is Refused: 400
-                      embed=rt.embed_query if rt.embedder is not None else None)
+                      embed=rt.embed_query if rt.embedder is not None else None, records=rt.records)
     if format == "text":
         return PlainTextResponse(render_text(resp))
     return resp

@@ -108,7 +108,26 @@ class ChunkStore(Protocol):
 
     def source_stats(self, source_id: str) -> dict[str, int]: ...
 
+    def find_blob(self, scope: ScopeFilter, path: str, blob_sha: str, repo: str | None = None) -> dict[str, Any] | None:
+        """Stored fields (no content, no vector) of one chunk of ``path`` at ``blob_sha`` within ``scope`` (and
+        ``repo`` when given), or None when the scope holds none: the scope check of ``read``."""
+        ...
+
     def refresh(self) -> None: ...
+
+    def chunk_refs(self, ids: Sequence[str]) -> dict[str, list[str]]:
+        """``id -> refs`` (issue 23 ref membership) of the chunks among ``ids`` that exist."""
+        ...
+
+    def set_refs(self, refs_by_id: dict[str, list[str]]) -> BulkReport:
+        """Replace the ``refs`` of existing chunks without sending their content or vectors again."""
+        ...
+
+    def remove_ref(self, scope_agent: str, scope_context: str, source_id: str, ref: str,
+                   paths: Sequence[str] | None = None, keep_ids: Sequence[str] = ()) -> tuple[int, int]:
+        """Take ``ref`` out of the chunks of one scope and source (of ``paths`` when given) except ``keep_ids``;
+        delete the chunks left with no ref. Returns ``(unlinked, deleted)``."""
+        ...
 
     def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0) -> list[RawHit]: ...
 

@@ -122,7 +122,13 @@ def filter_clauses(flt: SearchFilter) -> list[dict[str, Any]]:
     if flt.repo:
         out.append({"term": {F.REPO: flt.repo}})
     if flt.ref:
-        out.append({"term": {F.REF: flt.ref.removeprefix("refs/heads/")}})
+        ref = flt.ref.removeprefix("refs/heads/")
+        # A member of the ref (issue 23), or a chunk written without ``refs`` (before it; a bare bulk write) whose
+        # one ``ref`` it is.
+        out.append({"bool": {"should": [
+            {"term": {F.REFS: ref}},
+            {"bool": {"must_not": [{"exists": {"field": F.REFS}}], "filter": [{"term": {F.REF: ref}}]}}],
+            "minimum_should_match": 1}})
     if flt.languages:
         out.append({"terms": {F.LANGUAGE: list(flt.languages)}})
     if flt.file_patterns:
@@ -210,6 +216,7 @@ class OpenSearchChunkStore:
                     f"index {current!r} behind alias {self.alias!r} has mapping version "
                     f"{meta.get('mapping_version')} and dimension {meta.get('dimension')}; this process wants "
                     f"version {F.MAPPING_VERSION} and dimension {self.dimension}. Run `scopekb reindex`.")
+            self._migrate_refs(current)
             return current
         name = self.version_name
         self._check_data_nodes(self.replicas)
@@ -228,6 +235,19 @@ class OpenSearchChunkStore:
             if self.live_index() != name:
                 raise
         return name
+
+    def _migrate_refs(self, index: str) -> None:
+        """Give an index made before issue 23 the multi-valued ``refs`` field (an additive mapping change) and
+        each of its chunks ``refs = [ref]``, once (idempotent: only documents without ``refs`` are touched)."""
+        props = self.client.indices.get_mapping(index=index)[index]["mappings"].get("properties", {})
+        if F.REFS in props:
+            return
+        self.client.indices.put_mapping(index=index, body={"properties": {F.REFS: {"type": "keyword"}}})
+        res = self.client.update_by_query(index=index, body={
+            "query": {"bool": {"must_not": [{"exists": {"field": F.REFS}}]}},
+            "script": {"lang": "painless", "source": f"ctx._source.{F.REFS} = [ctx._source.{F.REF}]"}},
+            conflicts="proceed", refresh=True, params={"slices": "auto", "request_timeout": 600})
+        log.info("chunk_refs_migrated", index=index, updated=res.get("updated"))
 
     def _check_data_nodes(self, replicas: int) -> int:
         """The cluster's data node count; raises :class:`IndexPlacementError` when ``replicas + 1`` copies of a
@@ -400,20 +420,85 @@ class OpenSearchChunkStore:
                 {"bool": {"filter": [*flt, {"terms": {F.PATH: list(paths[i:i + 1000])}}]}})
         return total
 
-    def _delete_by_query(self, query: dict[str, Any]) -> int:
+    # ---- ref membership (issue 23) ---------------------------------------------------------------------------
+
+    def chunk_refs(self, ids: Sequence[str]) -> dict[str, list[str]]:
+        """``id -> refs`` of the chunks among ``ids`` that exist (real-time: writes not yet refreshed count)."""
+        out: dict[str, list[str]] = {}
+        ids = list(dict.fromkeys(ids))
+        for i in range(0, len(ids), 1000):
+            try:
+                res = self.client.mget(index=self.alias, body={"ids": ids[i:i + 1000]},
+                                       params={"_source_includes": f"{F.REFS},{F.REF}", "realtime": "true"})
+            except NotFoundError:
+                return out
+            for d in res.get("docs", []):
+                if d.get("found"):
+                    src = d.get("_source") or {}
+                    refs = src.get(F.REFS)
+                    out[d["_id"]] = list(refs) if isinstance(refs, list) else [refs or src.get(F.REF) or ""]
+        return out
+
+    def set_refs(self, refs_by_id: dict[str, list[str]]) -> BulkReport:
+        """Replace the ``refs`` of existing chunks (partial updates: content and vectors are not sent again)."""
+        report = BulkReport()
+        actions = ({"_op_type": "update", "_index": self.alias, "_id": i, "doc": {F.REFS: sorted(set(r))}}
+                   for i, r in refs_by_id.items())
+        for ok, item in helpers.streaming_bulk(self.client, actions, chunk_size=1000, raise_on_error=False,
+                                               raise_on_exception=False, max_retries=3, params=_BULK_PARAMS):
+            info = item.get("update", {})
+            if ok:
+                report.written += 1
+            else:
+                report.errors.append((str(info.get("_id")), "?", f"{info.get('status')}: {info.get('error')}"))
+        return report
+
+    def remove_ref(self, scope_agent: str, scope_context: str, source_id: str, ref: str,
+                   paths: Sequence[str] | None = None, keep_ids: Sequence[str] = ()) -> tuple[int, int]:
+        """Take ``ref`` out of the membership of the chunks of one scope and source (only those of ``paths`` when
+        given), except ``keep_ids``; a chunk left with no ref is deleted. Returns ``(unlinked, deleted)``.
+
+        Refreshes first, so the query sees every membership change of the sync so far (an update-by-query that
+        met a version it did not see would skip the chunk).
+        """
+        self.refresh()
+        base: list[dict[str, Any]] = [
+            {"term": {F.AGENT_NAME: scope_agent}}, {"term": {F.CONTEXT_ID: scope_context}},
+            {"term": {F.SOURCE_ID: source_id}}, {"term": {F.REFS: ref}}]
+        parts: list[list[str] | None] = [None] if paths is None else [
+            list(paths[i:i + 1000]) for i in range(0, len(paths), 1000)]
+        script = {"lang": "painless", "params": {"ref": ref}, "source": (
+            f"def r = ctx._source.{F.REFS}; if (!(r instanceof List)) {{ r = [r]; }}"
+            f" r.removeIf(x -> x == params.ref); ctx._source.{F.REFS} = r;"
+            " if (r.isEmpty()) { ctx.op = 'delete'; }")}
+        unlinked = deleted = 0
+        for part in parts:
+            query: dict[str, Any] = {"bool": {"filter": [*base, *([{"terms": {F.PATH: part}}] if part else [])]}}
+            if keep_ids:
+                query["bool"]["must_not"] = [{"ids": {"values": list(keep_ids)}}]
+            res = self._by_query("update_by_query", {"query": query, "script": script})
+            unlinked += int(res.get("updated", 0)) + int(res.get("deleted", 0))
+            deleted += int(res.get("deleted", 0))
+        return unlinked, deleted
+
+    def _by_query(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Run ``delete_by_query``/``update_by_query`` on the alias (conflicts proceed), retrying 429/503 with
+        jittered backoff up to 5 times; ``{}`` when the index does not exist."""
         for attempt in range(6):
             try:
-                res = self.client.delete_by_query(index=self.alias, body={"query": query}, conflicts="proceed",
-                                                  refresh=False, params={"slices": "auto"})
-                return int(res.get("deleted", 0))
+                return dict(getattr(self.client, op)(index=self.alias, body=body, conflicts="proceed",
+                                                     refresh=False, params={"slices": "auto"}))
             except NotFoundError:
-                return 0
+                return {}
             except TransportError as e:
                 if e.status_code in (429, 503) and attempt < 5:
                     time.sleep(_jittered(0.25 * 2**attempt))
                     continue
                 raise
-        return 0
+        return {}
+
+    def _delete_by_query(self, query: dict[str, Any]) -> int:
+        return int(self._by_query("delete_by_query", {"query": query}).get("deleted", 0))
 
     # ---- reads -----------------------------------------------------------------------------------------------
 
@@ -473,6 +558,23 @@ class OpenSearchChunkStore:
             return {"documents": 0, "chunks": 0}
         return {"documents": int(res["aggregations"]["docs"]["value"]),
                 "chunks": int(res["hits"]["total"]["value"])}
+
+    def find_blob(self, scope: ScopeFilter, path: str, blob_sha: str, repo: str | None = None) -> dict[str, Any] | None:
+        """Stored fields (without content and vector) of one chunk of ``path`` at ``blob_sha`` within ``scope``
+        (and ``repo``), or None. Among several (refs, sources, contexts), the most recently indexed one."""
+        flt = [*scope_clauses(scope), {"term": {F.PATH: path}}, {"term": {F.BLOB_SHA: blob_sha}}]
+        if repo:
+            flt.append({"term": {F.REPO: repo}})
+        body = {"size": 1, "query": {"bool": {"filter": flt}}, "sort": [{F.INDEXED_AT: "desc"}, {F.SOURCE_ID: "asc"}],
+                "_source": {"excludes": [F.EMBEDDING, F.CONTENT]}}
+        try:
+            res = self.client.search(index=self.alias, body=body)
+        except NotFoundError:
+            return None
+        except TransportError as e:
+            raise self._search_failure(e) from e
+        hits = res["hits"]["hits"]
+        return dict(hits[0]["_source"]) if hits else None
 
     def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0) -> list[RawHit]:
         """BM25 over symbol^5, signature^3, content and path, within ``filters``.

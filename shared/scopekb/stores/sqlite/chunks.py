@@ -19,7 +19,7 @@ import numpy as np
 
 from scopekb import fields as F
 from scopekb.logging import get_logger
-from scopekb.stores.base import BulkReport, RawHit, SearchFilter, StoreVersionMismatch
+from scopekb.stores.base import BulkReport, RawHit, ScopeFilter, SearchFilter, StoreVersionMismatch
 from scopekb.stores.sqlite.db import Connections, table_exists
 from scopekb.stores.sqlite.text import fts_text, query_tokens
 
@@ -35,7 +35,7 @@ _KEYWORD = frozenset({F.AGENT_NAME, F.CONTEXT_ID, F.SOURCE_ID, F.REPO, F.REF, F.
                       F.CONTENT_SHA, F.BLOB_SHA, F.EMBEDDING_MODEL})
 _TEXT = frozenset({F.SYMBOL, F.SIGNATURE, F.CONTENT})
 _INT = frozenset({F.CHUNK_INDEX, F.START_LINE, F.END_LINE})
-_KNOWN = _KEYWORD | _TEXT | _INT | {F.METADATA, F.INDEXED_AT, F.EMBEDDING}
+_KNOWN = _KEYWORD | _TEXT | _INT | {F.METADATA, F.INDEXED_AT, F.EMBEDDING, F.REFS}
 
 _DIRECT_READ_MAX = 4096  # filtered kNN over at most this many rows reads their vectors directly, else via the cache
 
@@ -56,6 +56,10 @@ _CHUNK_DDL = (
     "CREATE TABLE IF NOT EXISTS chunk_vectors (rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)",
     # Pre-tokenised text; FTS5 only splits on spaces. detail=full (the default) although bm25 needs no positions:
     # with detail=column, bm25() is about ten times slower on common terms.
+    # Ref membership (issue 23): one row per (ref, chunk); a chunk shared by several refs is stored once.
+    "CREATE TABLE IF NOT EXISTS chunk_refs (ref TEXT NOT NULL, chunk INTEGER NOT NULL, PRIMARY KEY (ref, chunk))"
+    " WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS chunk_refs_chunk ON chunk_refs (chunk)",
     "CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5("
     " symbol, signature, content, path, tokenize = \"ascii tokenchars '_'\")",
 )
@@ -134,6 +138,7 @@ class SqliteChunkStore:
             if not meta.get("schema_version"):
                 want = {"schema_version": str(SCHEMA_VERSION), "mapping_version": str(F.MAPPING_VERSION),
                         "dimension": str(self.dimension or ""), "model": self.model or "", "vec_gen": "0"}
+                want["refs_migrated"] = "1"
                 conn.executemany("INSERT OR REPLACE INTO scopekb_meta VALUES (?, ?)", list(want.items()))
                 log.info("chunk_index_created", index=str(self.path), dimension=self.dimension)
             else:
@@ -147,6 +152,10 @@ class SqliteChunkStore:
                         f"SQLite index {str(self.path)!r} has schema version {meta['schema_version']}, dimension "
                         f"{have_dim} and model {have_model!r}; this process wants version {SCHEMA_VERSION}, "
                         f"dimension {self.dimension} and model {self.model!r}. Run `scopekb reindex`.")
+                if not meta.get("refs_migrated"):  # an index made before issue 23: each chunk is on its one ref
+                    conn.execute("INSERT OR IGNORE INTO chunk_refs (ref, chunk) SELECT ref, rowid FROM chunks"
+                                 " WHERE ref IS NOT NULL")
+                    conn.execute("INSERT OR REPLACE INTO scopekb_meta VALUES ('refs_migrated', '1')")
         self._ready = True
         return self.version_name
 
@@ -242,6 +251,9 @@ class SqliteChunkStore:
                     if old[2] != p["fts_key"]:
                         conn.execute("DELETE FROM chunks_fts WHERE rowid = ?", (rowid,))
                         self._insert_fts(conn, rowid, p)
+                conn.execute("DELETE FROM chunk_refs WHERE chunk = ?", (rowid,))
+                conn.executemany("INSERT OR IGNORE INTO chunk_refs (ref, chunk) VALUES (?, ?)",
+                                 [(r, rowid) for r in p["refs"]])
                 if p["vec"] is not None:
                     conn.execute("INSERT OR REPLACE INTO chunk_vectors (rowid, embedding) VALUES (?, ?)",
                                  (rowid, p["vec"]))
@@ -297,6 +309,14 @@ class SqliteChunkStore:
                 out[k] = int(v)  # like OpenSearch's coercion: "3" -> 3, 3.7 -> 3
             except (TypeError, ValueError):
                 raise _Rejected(f"field {k} must be an integer, got {v!r}") from None
+        refs = d.get(F.REFS)
+        if refs is None:
+            refs = [out[F.REF]] if out[F.REF] is not None else []
+        elif isinstance(refs, str):
+            refs = [refs]
+        if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+            raise _Rejected(f"field {F.REFS} must be a list of strings")
+        out["refs"] = sorted(set(refs))
         meta = d.get(F.METADATA)
         if meta is not None and not isinstance(meta, dict):
             raise _Rejected(f"field {F.METADATA} must be an object, got {type(meta).__name__}")
@@ -379,12 +399,96 @@ class SqliteChunkStore:
             if not gone:
                 return 0
             conn.executemany("DELETE FROM chunks WHERE rowid = ?", gone)
+            conn.executemany("DELETE FROM chunk_refs WHERE chunk = ?", gone)
             conn.executemany("DELETE FROM chunk_docs WHERE rowid = ?", gone)
             conn.executemany("DELETE FROM chunks_fts WHERE rowid = ?", gone)
             if any(r[2] for r in rows if r[1] not in keep):
                 conn.executemany("DELETE FROM chunk_vectors WHERE rowid = ?", gone)
                 self._bump_vec_gen(conn)
             return len(gone)
+
+    # ---- ref membership (issue 23) ---------------------------------------------------------------------------
+
+    def chunk_refs(self, ids: Sequence[str]) -> dict[str, list[str]]:
+        """``id -> refs`` of the chunks among ``ids`` that exist."""
+        out: dict[str, list[str]] = {}
+        ids = list(dict.fromkeys(ids))
+        with self._db.read() as conn:
+            if not self._readable(conn):
+                return out
+            for i in range(0, len(ids), 500):
+                part = ids[i:i + 500]
+                for cid, ref in conn.execute(
+                        "SELECT c.id, r.ref FROM chunks c LEFT JOIN chunk_refs r ON r.chunk = c.rowid"
+                        f" WHERE c.id IN ({','.join('?' * len(part))})", part):
+                    refs = out.setdefault(cid, [])
+                    if ref is not None:
+                        refs.append(ref)
+        return out
+
+    def set_refs(self, refs_by_id: dict[str, list[str]]) -> BulkReport:
+        """Replace the ``refs`` of existing chunks (content and vectors untouched)."""
+        report = BulkReport()
+        with self._db.write() as conn:
+            for cid, refs in refs_by_id.items():
+                row = conn.execute("SELECT rowid FROM chunks WHERE id = ?", (cid,)).fetchone()
+                if row is None:
+                    report.errors.append((cid, "?", "404: no such chunk"))
+                    continue
+                self._put_refs(conn, int(row[0]), sorted(set(refs)))
+                report.written += 1
+        return report
+
+    @staticmethod
+    def _put_refs(conn: sqlite3.Connection, rowid: int, refs: list[str]) -> None:
+        conn.execute("DELETE FROM chunk_refs WHERE chunk = ?", (rowid,))
+        conn.executemany("INSERT INTO chunk_refs (ref, chunk) VALUES (?, ?)", [(r, rowid) for r in refs])
+        conn.execute("UPDATE chunk_docs SET doc = json_set(doc, '$.refs', json(?)) WHERE rowid = ?",
+                     (json.dumps(refs), rowid))
+        conn.execute("UPDATE chunks SET digest = '' WHERE rowid = ?", (rowid,))  # the stored doc changed
+
+    def remove_ref(self, scope_agent: str, scope_context: str, source_id: str, ref: str,
+                   paths: Sequence[str] | None = None, keep_ids: Sequence[str] = ()) -> tuple[int, int]:
+        """Take ``ref`` out of the membership of the chunks of one scope and source (only those of ``paths`` when
+        given), except ``keep_ids``; a chunk left with no ref is deleted. Returns ``(unlinked, deleted)``."""
+        keep = set(keep_ids)
+        unlinked: list[int] = []
+        orphans: list[tuple[int]] = []
+        with self._db.write() as conn:
+            if not self._readable(conn):
+                return 0, 0
+            base = ("SELECT c.rowid, c.id FROM chunk_refs r JOIN chunks c ON c.rowid = r.chunk WHERE r.ref = ?"
+                    " AND c.agent_name = ? AND c.context_id = ? AND c.source_id = ?")
+            args: list[Any] = [ref, scope_agent, scope_context, source_id]
+            rows: list[tuple[int, str]] = []
+            if paths is None:
+                rows = conn.execute(base, args).fetchall()
+            else:
+                plist = list(paths)
+                for i in range(0, len(plist), 500):
+                    part = plist[i:i + 500]
+                    rows += conn.execute(f"{base} AND c.path IN ({','.join('?' * len(part))})",
+                                         [*args, *part]).fetchall()
+            for rowid, cid in rows:
+                if cid in keep:
+                    continue
+                conn.execute("DELETE FROM chunk_refs WHERE ref = ? AND chunk = ?", (ref, rowid))
+                left = [r[0] for r in conn.execute("SELECT ref FROM chunk_refs WHERE chunk = ?", (rowid,))]
+                if left:
+                    self._put_refs(conn, rowid, sorted(left))
+                    unlinked.append(rowid)
+                else:
+                    orphans.append((rowid,))
+            if orphans:
+                vec = conn.execute(f"SELECT COUNT(*) FROM chunks WHERE has_vec = 1 AND rowid IN "
+                                   f"({','.join(str(o[0]) for o in orphans)})").fetchone()[0]
+                conn.executemany("DELETE FROM chunks WHERE rowid = ?", orphans)
+                conn.executemany("DELETE FROM chunk_docs WHERE rowid = ?", orphans)
+                conn.executemany("DELETE FROM chunks_fts WHERE rowid = ?", orphans)
+                if vec:
+                    conn.executemany("DELETE FROM chunk_vectors WHERE rowid = ?", orphans)
+                    self._bump_vec_gen(conn)
+        return len(unlinked) + len(orphans), len(orphans)
 
     # ---- reads -----------------------------------------------------------------------------------------------
 
@@ -427,6 +531,24 @@ class SqliteChunkStore:
             docs, chunks = conn.execute("SELECT COUNT(DISTINCT path), COUNT(*) FROM chunks WHERE source_id = ?",
                                         (source_id,)).fetchone()
         return {"documents": int(docs), "chunks": int(chunks)}
+
+    def find_blob(self, scope: ScopeFilter, path: str, blob_sha: str, repo: str | None = None) -> dict[str, Any] | None:
+        """Stored fields (without content and vector) of one chunk of ``path`` at ``blob_sha`` within ``scope``
+        (and ``repo``), or None. Among several (refs, sources, contexts), the most recently indexed one."""
+        where, args = _filter_sql(SearchFilter(scope=scope, repo=repo))
+        with self._db.read() as conn:
+            if not self._readable(conn):
+                return None
+            row = conn.execute(
+                "SELECT d.doc FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid"
+                f" WHERE {where} AND c.path = ? AND json_extract(d.doc, '$.blob_sha') = ?"
+                " ORDER BY json_extract(d.doc, '$.indexed_at') DESC, c.source_id LIMIT 1",
+                [*args, path, blob_sha]).fetchone()
+        if row is None:
+            return None
+        doc = json.loads(row[0])
+        doc.pop(F.CONTENT, None)
+        return dict(doc)
 
     def count(self, flt: SearchFilter | None = None) -> int:
         """Number of chunks matching ``flt`` (all chunks when None)."""
@@ -582,7 +704,7 @@ def _filter_sql(flt: SearchFilter) -> tuple[str, list[Any]]:
         where.append("c.repo = ?")
         args.append(flt.repo)
     if flt.ref:
-        where.append("c.ref = ?")
+        where.append("c.rowid IN (SELECT chunk FROM chunk_refs WHERE ref = ?)")
         args.append(flt.ref.removeprefix("refs/heads/"))
     if flt.languages:
         where.append(f"c.language IN ({','.join('?' * len(flt.languages))})")

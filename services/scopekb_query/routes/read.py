@@ -1,0 +1,45 @@
+"""``GET /v1/read``: exact lines of an indexed blob within the caller's scope (:mod:`scopekb.reading`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Response
+from pydantic import ValidationError
+
+from scopekb.auth import resolve_scope
+from scopekb.models import ReadRequest, ReadResult
+from scopekb.reading import read_lines, result_bytes
+from scopekb_query.deps import CallerDep, Rt
+
+router = APIRouter(tags=["read"])
+
+
+@router.get("/v1/read", response_model=ReadResult,
+            responses={404: {"description": "the caller's scope never indexed that blob at that path"},
+                       422: {"description": "bad arguments, or start_line past the blob's end"}})
+def read(c: CallerDep, rt: Rt,
+         path: Annotated[str, Query(description="the hit's path")],
+         blob_sha: Annotated[str, Query(description="the hit's blob_sha")],
+         start_line: Annotated[int, Query(description="first line, 1-based")] = 1,
+         end_line: Annotated[int | None, Query(description="last line, inclusive; default: the last")] = None,
+         repo: Annotated[str | None, Query(description="only a blob of this repository")] = None,
+         context_id: str | None = None, cross_context: bool = False,
+         format: Literal["json", "raw"] = "json") -> Any:
+    """Exactly lines ``start_line..end_line`` of the blob a search hit names, from the blob store, as the blob
+    holds them (line ends included). ``?format=raw`` answers the bytes themselves (``application/octet-stream``);
+    JSON carries them in ``content`` (valid UTF-8) or ``content_base64``. 404 when the caller's scope holds no
+    chunk of ``path`` at ``blob_sha`` (whether or not another scope does)."""
+    if c.key is None:
+        raise HTTPException(403, "reads need an agent key, not the admin token")
+    try:
+        req = ReadRequest(path=path, blob_sha=blob_sha, start_line=start_line, end_line=end_line, repo=repo,
+                          context_id=context_id, cross_context=cross_context)
+    except ValidationError as e:
+        raise HTTPException(422, "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+                                           for err in e.errors(include_url=False))) from None
+    scope = resolve_scope(c.key, req.context_id, req.cross_context)  # Refused (401/403/400) -> its status
+    res = read_lines(rt.chunks, rt.blobs, scope, req)  # NotFound 404, Refused 422
+    if format == "raw":
+        return Response(result_bytes(res), media_type="application/octet-stream")
+    return res

@@ -1,0 +1,106 @@
+"""``read``: exactly the lines of an indexed blob, from the blob store, within the caller's scope (issue 23).
+
+A search hit names ``path``, ``blob_sha`` and lines; :func:`read_lines` returns those lines byte for byte as the
+blob holds them, so an agent can open the file it was pointed at, at the version it saw. REST (``GET
+/v1/read``), MCP (``read``) and the CLI (``scopekb read``) call it.
+
+Lines are counted as the chunkers count them (:func:`scopekb.filetypes.decode_text`: LF, CRLF and a lone CR each
+end a line), so a hit's ``start_line``-``end_line`` are the same lines here, with their original line ends.
+
+Scope: a blob is readable only when the caller's scope holds a chunk of that path at that blob id
+(:meth:`scopekb.stores.base.ChunkStore.find_blob`); otherwise the answer is 404, the same whether the blob exists
+for another agent or not at all, so existence never leaks across agents.
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import re
+
+from scopekb import fields as F
+from scopekb.blobs import BlobNotFound, BlobStore, blob_key
+from scopekb.errors import NotFound, Refused
+from scopekb.filetypes import sniff_encoding
+from scopekb.models import ReadRequest, ReadResult
+from scopekb.stores.base import ChunkStore, ScopeFilter
+
+#: A line end as :func:`scopekb.filetypes.decode_text` sees one: CRLF, a lone CR or LF.
+_LINE_END = re.compile(r"\r\n|\r|\n")
+_LINE_END_BYTES = re.compile(rb"\r\n|\r|\n")
+
+NOT_FOUND = "blob not found in this scope (path and blob_sha as a search hit names them)"
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """The lines of a text blob as bytes, each with its own line end (the last one may have none).
+
+    ``b"".join(split_lines(data)) == data``. Line ``n`` (1-based) is the ``n``-th element of
+    ``decode_text(data).split("\\n")``: ASCII-compatible encodings (UTF-8, Latin-1, Windows-125x, Shift_JIS,
+    GB18030, ...) are split on their line-end bytes; UTF-16 (by BOM) is split on decoded line ends and each line
+    encoded back (the BOM stays on line 1). An empty blob, or one ending with a line end, has a last empty line,
+    as ``str.split`` gives.
+    """
+    enc = sniff_encoding(data)
+    if enc == "utf-16":
+        bom = data[:2]
+        codec = "utf-16-le" if bom == codecs.BOM_UTF16_LE else "utf-16-be"
+        text = data[2:].decode(codec, errors="surrogatepass")
+        pieces = _split_keep(text, _LINE_END)
+        out = [p.encode(codec, errors="surrogatepass") for p in pieces]
+        out[0] = bom + out[0]
+        return out
+    return _split_keep(data, _LINE_END_BYTES)
+
+
+def _split_keep(data: str | bytes, pattern: re.Pattern) -> list:  # type: ignore[type-arg]
+    out = []
+    pos = 0
+    for m in pattern.finditer(data):
+        out.append(data[pos:m.end()])
+        pos = m.end()
+    out.append(data[pos:])
+    return out
+
+
+def read_lines(chunks: ChunkStore, blobs: BlobStore, scope: ScopeFilter, req: ReadRequest) -> ReadResult:
+    """Lines ``req.start_line..req.end_line`` (1-based, inclusive; ``end_line`` None or past the end: to the last
+    line) of the blob ``req.blob_sha`` indexed at ``req.path`` within ``scope``.
+
+    Returns a :class:`ReadResult` naming repo, ref, commit and source of an indexed chunk of that blob (the most
+    recently indexed one when several refs or sources hold it).
+
+    Raises:
+        NotFound: (404) the scope holds no chunk of that path at that blob (also when another scope does), or
+            the blob store no longer has the blob.
+        Refused: (422) ``start_line`` is past the blob's last line (the message gives the line count).
+        scopekb.errors.Transient: a store is unavailable.
+    """
+    doc = chunks.find_blob(scope, req.path, req.blob_sha, req.repo)
+    if doc is None:
+        raise NotFound(NOT_FOUND)
+    try:
+        data = blobs.get(blob_key(req.blob_sha))
+    except BlobNotFound:
+        raise NotFound("blob no longer in the blob store; sync the source again") from None
+    lines = split_lines(data)
+    total = len(lines)
+    if req.start_line > total:
+        raise Refused(f"start_line {req.start_line} is past the blob's last line ({total} lines)", 422)
+    end = min(req.end_line or total, total)
+    raw = b"".join(lines[req.start_line - 1:end])
+    try:
+        content, b64 = raw.decode("utf-8"), None
+    except UnicodeDecodeError:
+        content, b64 = None, base64.b64encode(raw).decode("ascii")
+    return ReadResult(repo=doc.get(F.REPO), ref=doc.get(F.REF), commit=doc.get(F.COMMIT),
+                      source_id=doc.get(F.SOURCE_ID), blob_sha=req.blob_sha, path=req.path,
+                      start_line=req.start_line, end_line=end, total_lines=total, content=content,
+                      content_base64=b64, agent_name=str(doc.get(F.AGENT_NAME)), context_id=str(doc.get(F.CONTEXT_ID)))
+
+
+def result_bytes(res: ReadResult) -> bytes:
+    """The exact bytes a :class:`ReadResult` carries (``content`` as UTF-8, or ``content_base64`` decoded)."""
+    if res.content is not None:
+        return res.content.encode("utf-8")
+    return base64.b64decode(res.content_base64 or "")

@@ -1,0 +1,126 @@
+"""Which refs a source tracks (issue 23): its ``refs`` patterns matched against the repository's branches and tags.
+
+A pattern is a branch or tag name or a glob (``main``, ``release/*``, ``v*``; ``*`` matches any characters, ``/``
+included, ``?`` one). ``refs/heads/...`` asks for branches only, ``refs/tags/...`` for tags only, a bare pattern
+for both; a branch and a tag of the same short name give the branch (the membership name is the short name, as a
+hit's ``ref`` shows it). Patterns are compiled bounded (RE2, :mod:`scopekb.patterns`), never as a backtracking
+regex: they come from API callers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scopekb.errors import NotFound, Refused
+from scopekb.models import Source
+from scopekb.patterns import SOURCE_LIMITS, PathGlob, compile_glob
+from scopekb.stores.base import RecordStore, ScopeFilter
+
+HEADS = "refs/heads/"
+TAGS = "refs/tags/"
+_HEX = re.compile(r"^[0-9a-fA-F]{7,64}$")
+
+
+def short_name(full: str) -> str:
+    """``refs/heads/main`` → ``main``, ``refs/tags/v1`` → ``v1``; other names unchanged."""
+    return full.removeprefix(HEADS).removeprefix(TAGS)
+
+
+def match_refs(patterns: Sequence[str], refs: Mapping[str, str], limit: int | None = None) -> dict[str, str]:
+    """The tracked refs: short name → commit, for every branch/tag in ``refs`` (full name → commit, as
+    :meth:`scopekb.gitrepo.Mirror.list_refs` gives) that one of ``patterns`` matches, branches before tags.
+
+    ``limit``: at most this many refs, the first by name (branches first) - the rest are left out.
+
+    Raises:
+        scopekb.patterns.PatternRefused: a pattern over the source pattern limits.
+    """
+    matchers: list[tuple[str, PathGlob]] = []
+    for pat in patterns:
+        kinds = (HEADS,) if pat.startswith(HEADS) else (TAGS,) if pat.startswith(TAGS) else (HEADS, TAGS)
+        glob = compile_glob("/" + short_name(pat), SOURCE_LIMITS)  # a leading "/" anchors it at the start
+        matchers.extend((kind, glob) for kind in kinds)
+    out: dict[str, str] = {}
+    for full in sorted(refs, key=lambda n: (not n.startswith(HEADS), n)):
+        kind = HEADS if full.startswith(HEADS) else TAGS if full.startswith(TAGS) else None
+        if kind is None:
+            continue
+        name = short_name(full)
+        if name in out:
+            continue  # a branch of that name came first
+        if any(k == kind and g.match("/" + name) for k, g in matchers):
+            out[name] = refs[full]
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def ref_heads(state: Mapping[str, Any] | None, src: Source) -> dict[str, dict[str, Any]]:
+    """The refs a source's sync state says are indexed: ``name -> {"commit", "indexed_at", "pinned"?}``.
+
+    A state written before issue 23 (one ``commit``, no ``refs``) is the source's one ``ref`` at that commit.
+    """
+    if not state:
+        return {}
+    refs = state.get("refs")
+    if isinstance(refs, dict):
+        return {str(k): dict(v) for k, v in refs.items() if isinstance(v, dict) and v.get("commit")}
+    if state.get("commit"):
+        return {src.ref: {"commit": state["commit"], "indexed_at": state.get("indexed_at")}}
+    return {}
+
+
+@dataclass
+class RefIndex:
+    """The indexed refs of the sources a scope may see, to resolve a search's ``ref`` (issue 23).
+
+    Attributes:
+        heads: source id -> ref name -> indexed commit id.
+    """
+
+    heads: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, records: RecordStore, scope: ScopeFilter, source_id: str | None = None,
+             repo: str | None = None) -> RefIndex:
+        """Read the sources of ``scope`` (narrowed to ``source_id``/``repo``) and their sync states."""
+        out = cls()
+        for src in records.list_sources(agent_name=scope.agent_name):
+            if scope.context_ids is not None and src.context_id not in scope.context_ids:
+                continue
+            if (source_id and src.id != source_id) or (repo and (src.repo_name or src.repo_url) != repo):
+                continue
+            heads = ref_heads(records.get("state", src.id), src)
+            out.heads[src.id] = {name: str(h["commit"]) for name, h in heads.items()}
+        return out
+
+    def resolve(self, ref: str) -> str:
+        """The ref name a search's ``ref`` means: a branch or tag name indexed for one of the sources, or a commit
+        id (full, or a prefix of at least 7 hex digits) that is the indexed head of such a ref.
+
+        Raises:
+            NotFound: (404) no source of the scope has that ref indexed, and no indexed head is that commit.
+        """
+        name = ref.removeprefix(HEADS).removeprefix(TAGS)
+        if any(name in h for h in self.heads.values()):
+            return name
+        if _HEX.match(ref):
+            low = ref.lower()
+            found = sorted({n for h in self.heads.values() for n, c in h.items() if c.startswith(low)})
+            if len(found) == 1:
+                return found[0]
+            if len(found) > 1:
+                raise Refused(f"commit {ref[:40]!r} is the head of several refs ({', '.join(found[:5])}); name "
+                              "the ref", 409)
+            raise NotFound(f"commit {ref[:40]!r} is not the indexed head of any ref of this scope's sources")
+        raise NotFound(f"ref {ref[:200]!r} is not indexed for this scope (not a tracked branch or tag of its "
+                       "sources)")
+
+    def commit(self, source_id: str | None, ref: str | None) -> str | None:
+        """The indexed commit of ``ref`` in ``source_id``, or None."""
+        if source_id is None or ref is None:
+            return None
+        return self.heads.get(source_id, {}).get(ref)

@@ -1,0 +1,189 @@
+"""``GET /v1/read``, the MCP ``read`` tool's body and ``scopekb read`` (issue 23) on both profiles: every search hit
+names repo, ref, commit, blob_sha, path and lines, and ``read`` returns exactly those lines of that blob, byte for
+byte as git holds them (CRLF, a lone CR, Latin-1, UTF-16 with BOM, no final newline); a blob the caller's scope
+never indexed is 404 whether another agent indexed it or nobody did.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+from scopekb.indexing import run_sync
+from scopekb.reading import split_lines
+from scopekb.realrepo import git
+from tests.integration.test_api_profiles import api  # noqa: F401 - the two-profile app fixture
+from tests.integration.test_cli_errors import CLI as CLI_ARGS
+
+FILES: dict[str, bytes] = {
+    "crlf.py": b"def readmarker_crlf():\r\n    return 1\r\n\r\nx = 2\r\n",
+    "lone_cr.txt": b"readmarker_cr first\rsecond line\rthird\n",
+    "latin1.txt": "readmarker_latin caf\u00e9 na\u00efve \u00e0 la carte\nzweite Zeile\n".encode("latin-1"),
+    "utf16.txt": "\ufeffreadmarker_utf16 line one\r\nline two\r\n".encode("utf-16-le"),
+    "nofinal.md": b"# readmarker_nofinal\n\nlast line without newline",
+}
+
+
+def _blob_lines(repo: Path, path: str) -> list[bytes]:
+    data = subprocess.run(["git", "-C", str(repo), "show", f"HEAD:{path}"], capture_output=True,
+                          check=True).stdout
+    return split_lines(data)
+
+
+def _setup(api: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:  # noqa: F811
+    c, rt, repo = api["client"], api["rt"], api["repo"]
+    for name, data in FILES.items():
+        (repo / name).write_bytes(data)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "read")
+    src = c.post("/v1/sources", json={"agent_name": "reader", "context_id": "c", "repo_url": str(repo),
+                                      "ref": "main", "repo_name": "acme/read"}).json()
+    other = c.post("/v1/sources", json={"agent_name": "intruder", "context_id": "c", "repo_url": str(repo),
+                                        "ref": "main"}).json()
+    for s in (src, other):
+        run_sync(rt.sync_deps(), "read-" + uuid.uuid4().hex[:8], [s["id"]], trigger="cli")
+    rt.chunks.refresh()
+    mine = c.post("/v1/keys", json={"agent_name": "reader", "context_ids": ["c"]}).json()["key"]
+    lone = c.post("/v1/keys", json={"agent_name": "loner", "context_ids": ["c"]}).json()["key"]
+    return {"Authorization": f"Bearer {mine}"}, {"Authorization": f"Bearer {lone}"}
+
+
+def test_every_hit_reads_back_byte_exact(api: dict[str, Any]) -> None:  # noqa: F811
+    c, repo = api["client"], api["repo"]
+    mine, _ = _setup(api)
+    head = git(repo, "rev-parse", "HEAD").strip()
+    seen = set()
+    for query in ("readmarker_crlf", "readmarker_cr", "readmarker_latin", "readmarker_utf16", "readmarker_nofinal",
+                  "profiles_marker_function", "line"):
+        hits = c.post("/v1/search", json={"query": query, "max_results": 20}, headers=mine).json()["hits"]
+        assert hits, query
+        for h in hits:
+            assert h["repo"] == "acme/read" and h["ref"] == "main" and h["commit"] == head
+            assert len(h["blob_sha"]) == 40 and h["start_line"] >= 1 and h["end_line"] >= h["start_line"]
+            assert h["blob_sha"] == git(repo, "rev-parse", f"HEAD:{h['path']}").strip()
+            want = b"".join(_blob_lines(repo, h["path"])[h["start_line"] - 1:h["end_line"]])
+            q = {"path": h["path"], "blob_sha": h["blob_sha"], "start_line": h["start_line"],
+                 "end_line": h["end_line"]}
+            r = c.get("/v1/read", params=q, headers=mine)
+            assert r.status_code == 200, r.text
+            body = r.json()
+            got = body["content"].encode() if body["content"] is not None else base64.b64decode(body["content_base64"])
+            assert got == want, h["path"]
+            assert (body["repo"], body["ref"], body["commit"], body["path"]) == ("acme/read", "main", head, h["path"])
+            raw = c.get("/v1/read", params={**q, "format": "raw"}, headers=mine)
+            assert raw.status_code == 200 and raw.content == want
+            assert raw.headers["content-type"] == "application/octet-stream"
+            seen.add(h["path"])
+    assert set(FILES) <= seen
+    # The whole file by default; ``end_line`` past the end is the last line.
+    sha = git(repo, "rev-parse", "HEAD:crlf.py").strip()
+    whole = c.get("/v1/read", params={"path": "crlf.py", "blob_sha": sha, "format": "raw"}, headers=mine)
+    assert whole.content == FILES["crlf.py"]
+    tail = c.get("/v1/read", params={"path": "crlf.py", "blob_sha": sha, "start_line": 4, "end_line": 99},
+                 headers=mine).json()
+    assert (tail["content"], tail["start_line"], tail["end_line"], tail["total_lines"]) == ("x = 2\r\n", 4, 5, 5)
+    # Latin-1 bytes are not UTF-8: they come back as base64 of the exact bytes.
+    lat = git(repo, "rev-parse", "HEAD:latin1.txt").strip()
+    body = c.get("/v1/read", params={"path": "latin1.txt", "blob_sha": lat, "end_line": 1}, headers=mine).json()
+    assert body["content"] is None
+    assert base64.b64decode(body["content_base64"]) == FILES["latin1.txt"].split(b"\n")[0] + b"\n"
+
+
+def test_read_refuses_what_the_scope_never_indexed(api: dict[str, Any]) -> None:  # noqa: F811
+    c, repo = api["client"], api["repo"]
+    mine, lone = _setup(api)
+    sha = git(repo, "rev-parse", "HEAD:crlf.py").strip()
+    ok = {"path": "crlf.py", "blob_sha": sha}
+    assert c.get("/v1/read", params=ok, headers=mine).status_code == 200
+    # Another agent's blob (indexed for "reader" and "intruder", not "loner") and a blob nobody indexed: the same 404.
+    missing = c.get("/v1/read", params={**ok, "blob_sha": "0" * 40}, headers=lone)
+    foreign = c.get("/v1/read", params=ok, headers=lone)
+    assert foreign.status_code == missing.status_code == 404
+    assert foreign.json() == missing.json()
+    # The right blob at another path, another repository name, or an unknown sha in the caller's own scope: 404.
+    assert c.get("/v1/read", params={**ok, "path": "latin1.txt"}, headers=mine).status_code == 404
+    assert c.get("/v1/read", params={**ok, "repo": "acme/other"}, headers=mine).status_code == 404
+    assert c.get("/v1/read", params={**ok, "blob_sha": "f" * 40}, headers=mine).status_code == 404
+    # Bad input: 422 with the reason, never 500.
+    for bad, word in (({"blob_sha": "xyz"}, "blob_sha"), ({"start_line": 0}, "start_line"),
+                      ({"start_line": 3, "end_line": 2}, "end_line"), ({"start_line": 99}, "past the blob"),
+                      ({"format": "xml"}, "format")):
+        r = c.get("/v1/read", params={**ok, **bad}, headers=mine)
+        assert r.status_code == 422 and word in r.text, (bad, r.status_code, r.text)
+    assert c.get("/v1/read", params={**ok, "context_id": "other"}, headers=mine).status_code == 403
+    assert c.get("/v1/read", params=ok).status_code == 403  # the admin token reads nothing
+    assert c.get("/v1/read", params=ok, headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_mcp_read_tool_fences_the_exact_lines(api: dict[str, Any]) -> None:  # noqa: F811
+    import anyio
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from scopekb.auth import ApiKey
+    from scopekb_query.mcp_server import build_mcp_server
+
+    c, rt, repo = api["client"], api["rt"], api["repo"]
+    _setup(api)
+    key = ApiKey(id="k", agent_name="reader", context_ids=["c"], key_hash="")
+    server = build_mcp_server(rt, lambda _ctx: key)
+    sha = git(repo, "rev-parse", "HEAD:nofinal.md").strip()
+
+    async def call(args: dict[str, Any], tool: str = "read") -> str:
+        res = await server.call_tool(tool, args)
+        return "".join(getattr(b, "text", "") for b in getattr(res, "content", []))
+
+    text = anyio.run(call, {"path": "nofinal.md", "blob_sha": sha, "start_line": 3})
+    lines = text.split("\n")
+    assert lines[0].startswith("nofinal.md:3-3 of 3 lines, blob " + sha[:12])
+    assert lines[1].startswith("<<<chunk-") and lines[-1].startswith("chunk-") and lines[-1].endswith(">>>")
+    assert lines[2:-1] == ["last line without newline"]
+    assert f"blob {sha}" in anyio.run(call, {"query": "readmarker_nofinal"}, "search")
+    try:
+        anyio.run(call, {"path": "nofinal.md", "blob_sha": "0" * 40})
+        raise AssertionError("an unknown blob must be a tool error")
+    except ToolError as e:
+        assert "not found" in str(e)
+    assert c.get("/healthz").status_code == 200
+
+
+def test_cli_read_writes_the_exact_bytes(tmp_path: Path) -> None:
+    from tests.integration.test_cli_errors import assert_one_line_error, base_env, run
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "crlf.py").write_bytes(FILES["crlf.py"])
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    env = base_env(tmp_path)
+    assert run(["index", str(repo)], env, tmp_path).returncode == 0
+    found = run(["search", "readmarker_crlf", "--json"], env, tmp_path)
+    hit = json.loads(found.stdout)["hits"][0]
+    sha = git(repo, "rev-parse", "HEAD:crlf.py").strip()
+    assert hit["blob_sha"] == sha
+    out = subprocess.run([*CLI_ARGS, "read", "crlf.py", sha, "--start", "1", "--end", "2"], env=env, cwd=tmp_path,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == b"def readmarker_crlf():\r\n    return 1\r\n", out.stderr
+    assert_one_line_error(run(["read", "crlf.py", "0" * 40], env, tmp_path), "not found")
+    assert_one_line_error(run(["read", "crlf.py", "zz"], env, tmp_path), "blob_sha")
+
+
+def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -> None:  # noqa: F811
+    c, repo = api["client"], api["repo"]
+    mine, _ = _setup(api)
+    head = git(repo, "rev-parse", "HEAD").strip()
+    for ref in ("main", "refs/heads/main", head, head[:10]):
+        r = c.post("/v1/search", json={"query": "readmarker_crlf", "ref": ref}, headers=mine)
+        assert r.status_code == 200, (ref, r.text)
+        assert [(h["path"], h["ref"], h["commit"]) for h in r.json()["hits"]] == [("crlf.py", "main", head)]
+    parent = git(repo, "rev-parse", "HEAD~1").strip()  # a commit of the repository that no ref has indexed
+    for ref, why in (("dev", "not indexed"), (parent, "not the indexed head"), ("f" * 40, "not the indexed head")):
+        r = c.post("/v1/search", json={"query": "readmarker_crlf", "ref": ref}, headers=mine)
+        assert r.status_code == 404 and why in r.json()["detail"], (ref, r.status_code, r.text)
+    # the head of this repository asked of another repository name: 404
+    r = c.post("/v1/search", json={"query": "readmarker_crlf", "ref": head, "repo": "acme/other"}, headers=mine)
+    assert r.status_code == 404

@@ -1,0 +1,68 @@
+"""Ref membership in both chunk stores (issue 23): a chunk is one document whatever number of refs share it; refs
+are added and taken away without rewriting it, a chunk left with no ref is deleted, a ``ref`` filter sees members
+only, and an OpenSearch index or SQLite file made before the ``refs`` field gets it with ``refs = [ref]``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scopekb import fields as F
+from scopekb.models import SearchRequest
+from scopekb.search import run_search
+from scopekb.settings import QuerySettings
+from scopekb.stores.base import ChunkStore, ScopeFilter, SearchFilter
+from tests.integration.test_store_contract import Backend, backend, mkdoc  # noqa: F401 - the two-store fixture
+
+SC = ScopeFilter("ragent", ("c",))
+
+
+def _paths(store: ChunkStore, ref: str) -> set[str]:
+    return {d[F.PATH] for _, _, d in store.keyword_search("refmarker", SearchFilter(scope=SC, ref=ref), 50)}
+
+
+def test_membership_is_added_and_taken_away_without_copies(backend: Backend) -> None:  # noqa: F811
+    store = backend.make("membership", dimension=None, model=None)
+    a = {**mkdoc("ragent", "c", "s1", "a.py", "refmarker alpha", vector=False), F.REFS: ["main"]}
+    b = {**mkdoc("ragent", "c", "s1", "b.py", "refmarker beta", vector=False), F.REFS: ["main"]}
+    other = {**mkdoc("ragent", "c", "s2", "a.py", "refmarker alpha", vector=False), F.REFS: ["main"]}
+    assert not store.bulk_write([a, b, other], refresh=True).errors
+    assert store.chunk_refs([a["_id"], "missing"]) == {a["_id"]: ["main"]}
+    assert not store.set_refs({a["_id"]: ["main", "dev"]}).errors
+    store.refresh()
+    assert store.count() == 3 and _paths(store, "dev") == {"a.py"} and _paths(store, "main") == {"a.py", "b.py"}
+    hit = run_search(store, SearchRequest(query="refmarker alpha", ref="dev"), SC, QuerySettings()).hits[0]
+    assert hit.path == "a.py" and sorted(hit.refs or []) == ["dev", "main"]
+    # main leaves s1 except a.py: b.py has no ref left and is deleted; s2 is another source, untouched
+    assert store.remove_ref("ragent", "c", "s1", "main", keep_ids=[a["_id"]]) == (1, 1)
+    store.refresh()
+    assert store.count() == 2 and _paths(store, "main") == {"a.py"}
+    assert store.remove_ref("ragent", "c", "s1", "main", paths=["a.py"]) == (1, 0)
+    store.refresh()
+    assert _paths(store, "dev") == {"a.py"} and store.chunk_refs([a["_id"]]) == {a["_id"]: ["dev"]}
+    assert store.remove_ref("ragent", "c", "s1", "dev") == (1, 1)
+    assert store.remove_ref("ragent", "c", "s1", "dev") == (0, 0)
+    store.refresh()
+    assert store.count() == 1 and store.chunk_refs([a["_id"], other["_id"]]) == {other["_id"]: ["main"]}
+
+
+def test_an_index_from_before_refs_is_given_them(backend: Backend) -> None:  # noqa: F811
+    doc: dict[str, Any] = mkdoc("ragent", "c", "s1", "old.py", "refmarker legacy", ref="dev", vector=False)
+    if backend.name == "opensearch":
+        from scopekb.stores.opensearch import OpenSearchChunkStore
+
+        store = backend.make("legacy", dimension=None, model=None, ensure=False)
+        assert isinstance(store, OpenSearchChunkStore)
+        mapping = F.chunk_mapping(None)
+        del mapping["properties"][F.REFS]
+        backend.client.indices.create(index=store.version_name, body={
+            "settings": F.chunk_index_settings(1, 0, knn=False), "mappings": mapping,
+            "aliases": {store.alias: {}}})
+        backend.client.index(index=store.alias, id=doc["_id"], body={k: v for k, v in doc.items() if k != "_id"},
+                             refresh=True)
+        store.ensure_index()
+    else:
+        store = backend.make("legacy", dimension=None, model=None)
+        assert not store.bulk_write([doc]).errors  # a document without refs is on its one ref
+    store.refresh()
+    assert store.chunk_refs([doc["_id"]]) == {doc["_id"]: ["dev"]}
+    assert _paths(store, "dev") == {"old.py"} and _paths(store, "main") == set()

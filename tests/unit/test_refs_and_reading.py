@@ -1,0 +1,61 @@
+"""Pure logic of issue 23: which refs a source's patterns track, how a search's ``ref`` resolves, and how ``read``
+splits a blob into the chunkers' lines with their original line ends."""
+
+from __future__ import annotations
+
+import codecs
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scopekb.errors import NotFound, Refused
+from scopekb.filetypes import decode_text
+from scopekb.reading import split_lines
+from scopekb.refs import RefIndex, match_refs
+
+REFS = {"refs/heads/main": "a" * 40, "refs/heads/release/1.0": "b" * 40, "refs/heads/release/2.0": "c" * 40,
+        "refs/heads/feature/main": "d" * 40, "refs/tags/v1.0": "e" * 40, "refs/tags/v2.0": "f" * 40,
+        "refs/tags/main": "1" * 40, "refs/heads/vendor": "2" * 40}
+
+
+def test_patterns_match_branches_and_tags_anchored_at_the_start() -> None:
+    assert match_refs(["main"], REFS) == {"main": "a" * 40}  # the branch wins over the tag; not feature/main
+    assert match_refs(["release/*"], REFS) == {"release/1.0": "b" * 40, "release/2.0": "c" * 40}
+    assert match_refs(["v*"], REFS) == {"vendor": "2" * 40, "v1.0": "e" * 40, "v2.0": "f" * 40}
+    assert match_refs(["refs/tags/v*"], REFS) == {"v1.0": "e" * 40, "v2.0": "f" * 40}
+    assert match_refs(["refs/tags/main"], REFS) == {"main": "1" * 40}
+    assert match_refs(["nothing"], REFS) == {}
+    assert list(match_refs(["*"], REFS, limit=2)) == ["feature/main", "main"]
+
+
+def test_a_search_ref_resolves_to_a_name_or_an_indexed_head() -> None:
+    idx = RefIndex(heads={"s1": {"main": "a" * 40, "v1.0": "e" * 40}, "s2": {"dev": "e" * 40}})
+    assert idx.resolve("main") == "main" and idx.resolve("refs/heads/main") == "main"
+    assert idx.resolve("a" * 40) == "main" and idx.resolve("aaaaaaa") == "main"
+    with pytest.raises(Refused) as many:
+        idx.resolve("e" * 12)
+    assert many.value.status == 409 and "v1.0" in str(many.value)
+    with pytest.raises(NotFound, match="not the indexed head"):
+        idx.resolve("9" * 40)
+    with pytest.raises(NotFound, match="not indexed for this scope"):
+        idx.resolve("nope")
+    assert idx.commit("s1", "v1.0") == "e" * 40 and idx.commit("s2", "main") is None
+
+
+LINE_BYTES = st.lists(st.sampled_from([b"a", b"\xc3\xa9", b" ", b"\r", b"\n", b"\r\n", b"x\ty", b"\xe2\x80\xa8"]),
+                      max_size=30).map(b"".join)
+
+
+@given(LINE_BYTES)
+def test_split_lines_are_the_chunkers_lines_with_their_ends(data: bytes) -> None:
+    lines = split_lines(data)
+    assert b"".join(lines) == data
+    assert len(lines) == len(decode_text(data).split("\n"))
+
+
+def test_split_lines_of_utf16_keep_the_bom_on_line_one() -> None:
+    data = codecs.BOM_UTF16_LE + "one\r\ntwo\nthree".encode("utf-16-le")
+    lines = split_lines(data)
+    assert b"".join(lines) == data and len(lines) == 3
+    assert lines[1] == "two\n".encode("utf-16-le")
