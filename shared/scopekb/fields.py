@@ -6,6 +6,7 @@ Writer and reader use these constants only; the mapping is ``"dynamic": "strict"
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 AGENT_NAME = "agent_name"
@@ -141,11 +142,31 @@ def index_version_name(alias: str, dimension: int | None, model: str | None) -> 
     return f"{alias}-v{MAPPING_VERSION}-{dimension}-{tag}"
 
 
-def chunk_id(agent_name: str, context_id: str, source_id: str, path: str, chunk_index: int,
+def chunk_id(agent_name: str, context_id: str, source_id: str, path: str, start_line: int, end_line: int,
              content_sha: str) -> str:
-    """Deterministic document ``_id`` (DESIGN §3): a retried or duplicated task overwrites, never duplicates.
+    """Deterministic, stable document ``_id`` of a chunk (DESIGN §3; issue 20).
+
+    Computed from the scope, the source (the repository within the scope), the path, the chunk's line range
+    (1-based, inclusive) and ``content_sha`` (:func:`chunk_sha`: the chunk's text and what the chunker derived
+    for it) - never from the ref, the commit, the blob or a per-sync counter. So a retried or duplicated task
+    overwrites instead of duplicating, and when a file changes the chunks whose content and position did not
+    change keep their id: a sync rewrites only the chunks that really changed and deletes only vanished ids.
 
     Returns a 40-character hex string (sha256 prefix) of the NUL-joined fields.
     """
-    raw = "\0".join([agent_name, context_id, source_id, path, str(chunk_index), content_sha])
+    raw = "\0".join([agent_name, context_id, source_id, path, str(start_line), str(end_line), content_sha])
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:40]
+
+
+def chunk_sha(content: str, kind: str = "lines", symbol: str | None = None, signature: str | None = None,
+              metadata: dict[str, Any] | None = None) -> str:
+    """Identity of what a chunker produced for one chunk, for :func:`chunk_id`: sha256 hex of the content and,
+    when any is set beyond the defaults, the kind, symbol, signature and metadata (a chunk whose text is unchanged
+    but whose enclosing symbol was renamed is a changed chunk). Equal to ``sha256(content)`` for a plain line
+    chunk, so it is also the ``content_sha`` field of line chunks."""
+    h = hashlib.sha256(content.encode("utf-8"))
+    if kind != "lines" or symbol or signature or metadata:
+        extra = json.dumps([kind, symbol, signature, metadata or {}], sort_keys=True, ensure_ascii=False,
+                           default=str)
+        h.update(b"\0" + extra.encode("utf-8"))
+    return h.hexdigest()

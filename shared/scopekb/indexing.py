@@ -158,6 +158,9 @@ class _Plan:
     #: A verifying sync of an up-to-date source: paths the index lacks, holds at another version, or holds
     #: although git does not (``missing``, ``changed``, ``stale``).
     drift: dict[str, set[str]] | None = None
+    #: Paths whose stored chunks are not trusted even where the id matches (a verifying sync: a chunk may have
+    #: been altered behind scopekb's back): every chunk of them is written again.
+    rewrite: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -405,6 +408,8 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
         plan.to_delete = sorted(set(indexed) - set(tree))
         plan.maybe_stale = set(indexed) & set(plan.to_index)
         mode = "verify" if verify else "full"
+        if verify:
+            plan.rewrite = set(plan.maybe_stale)
         if verify and last == target and not writing:
             plan.drift = {"missing": {p for p in plan.to_index if p not in indexed},
                           "changed": {p for p in plan.to_index if p in indexed}, "stale": set(plan.to_delete)}
@@ -490,8 +495,7 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
     for i in range(0, len(all_paths), s.worker.batch_files):
         batch = all_paths[i:i + s.worker.batch_files]
         docs: list[dict[str, Any]] = []
-        keep: dict[tuple[str, str], list[str]] = {}
-        now = utcnow().isoformat()
+        now = utcnow().isoformat(timespec="microseconds")
         per_path: list[tuple[str, str, str, list[Chunk]]] = []  # (path, language, blob sha, chunks)
         failed_paths: set[str] = set()
         for path in batch:
@@ -512,24 +516,26 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
                 job.files_indexed += 1
         if attempts is not None:  # a death from here on is not the files' fault
             attempts.flush()
-        vectors = _embed(deps, job, per_path, failed_paths)
-        for path, lang, sha, chunks in per_path:
+        # Stable ids (issue 20): per (source, path), the new chunks' ids against what the index holds; only the
+        # ids it lacks are embedded and written, only the vanished ones deleted.
+        writes, vanished = _changes(deps, plans, index_sets, per_path, failed_paths)
+        needed = {(path, c.chunk_index) for (_sid, path), todo in writes.items() for c, _ in todo}
+        vectors = _embed(deps, job, per_path, failed_paths, needed)
+        for path, lang, sha, _chunks in per_path:
             for plan in plans:
                 if path not in index_sets[plan.source.id]:
                     continue
                 if path in failed_paths:
                     failed.add(plan.source.id)
-                ids = keep.setdefault((plan.source.id, path), [])
-                for c in chunks:
+                for c, cid in writes.get((plan.source.id, path), ()):
                     # A file whose embedding failed carries no blob id, so the next full sync sees it as
                     # changed and retries it (keyword search finds it meanwhile).
-                    doc = _doc(plan.source, path, lang, c, "" if path in failed_paths else sha, commit, now)
+                    doc = _doc(plan.source, path, lang, c, cid, "" if path in failed_paths else sha, commit, now)
                     vec = vectors.get((path, c.chunk_index))
                     if vec is not None and deps.embedder is not None:
                         doc[F.EMBEDDING] = vec
                         doc[F.EMBEDDING_MODEL] = deps.embedder.model_id
                     docs.append(doc)
-                    ids.append(doc["_id"])
         report = _bulk_write(deps, job, docs)
         job.chunks_written += report.written
         bad_ids = {d for d, _, _ in report.errors}
@@ -541,19 +547,57 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
                 out.refused.add(d[F.SOURCE_ID])
             else:
                 out.written.add(d[F.PATH])
-        # Stale chunks of re-indexed paths that had chunks before: everything of that (scope, source, path) not
-        # just written, in one delete per source and batch.
-        for plan in plans:
-            stale = [p for p in batch if p in plan.maybe_stale]
-            if stale:
-                job.chunks_deleted += deps.chunks.delete_paths(
-                    plan.source.agent_name, plan.source.context_id, plan.source.id, stale,
-                    keep_ids=[i for p in stale for i in keep.get((plan.source.id, p), [])])
+        # Chunks of re-indexed paths that the new version no longer has, deleted by id after the writes.
+        if vanished:
+            job.chunks_deleted += deps.chunks.delete_ids(vanished)
         done += len(batch)
         deps.records.put_job(job)  # progress
         if progress:
             progress("index", done, len(all_paths))
     return out
+
+
+def _changes(deps: SyncDeps, plans: list[_Plan], index_sets: dict[str, frozenset[str]],
+             per_path: list[tuple[str, str, str, list[Chunk]]],
+             failed_paths: set[str]) -> tuple[dict[tuple[str, str], list[tuple[Chunk, str]]], list[str]]:
+    """Which chunks of a batch to write and which stored chunks to delete (issue 20).
+
+    A chunk's id is stable (:func:`scopekb.fields.chunk_id`: scope, source, path, line range, chunk identity),
+    so a stored chunk with the new chunk's id already holds exactly that chunk and is kept, unless it was written
+    without a blob id (its embedding failed: written again to get its vector) or the plan distrusts the path
+    (:attr:`_Plan.rewrite`). Stored ids the new version does not have are deleted. When a changed path needs no
+    write at all (it only lost chunks) but its newest stored chunk names another blob, its first chunk is written
+    again, so the newest write names the current blob (:meth:`ChunkStore.indexed_blobs` reads it that way).
+
+    Returns:
+        ``({(source id, path): [(chunk, id), ...]}, [chunk ids to delete])``.
+    """
+    writes: dict[tuple[str, str], list[tuple[Chunk, str]]] = {}
+    vanished: list[str] = []
+    shas = {(path, c.chunk_index): F.chunk_sha(c.content, c.kind, c.symbol, c.signature, c.metadata)
+            for path, _, _, chunks in per_path for c in chunks}
+    for plan in plans:
+        src = plan.source
+        stale = [path for path, _, _, _ in per_path if path in plan.maybe_stale and path in index_sets[src.id]]
+        stored = deps.chunks.chunk_versions(src.agent_name, src.context_id, src.id, stale) if stale else {}
+        for path, _lang, sha, chunks in per_path:
+            if path not in index_sets[src.id]:
+                continue
+            ids = [F.chunk_id(src.agent_name, src.context_id, src.id, path, c.start_line, c.end_line,
+                              shas[(path, c.chunk_index)]) for c in chunks]
+            have = stored.get(path, {})
+            trusted = {cid for cid, (blob, _) in have.items() if blob} if path not in plan.rewrite else set()
+            todo = [(c, cid) for c, cid in zip(chunks, ids, strict=True) if cid not in trusted]
+            if not todo and chunks:
+                blob = "" if path in failed_paths else sha
+                newest = max(t for _, t in have.values())
+                if {b for b, t in have.values() if t == newest} != {blob}:
+                    todo = [(chunks[0], ids[0])]
+            if todo:
+                writes[(src.id, path)] = todo
+            keep = set(ids)
+            vanished.extend(cid for cid in have if cid not in keep)
+    return writes, vanished
 
 
 def _chunk_file(deps: SyncDeps, job: Job, group: Sequence[str], path: str, sha: str, crash: frozenset[str],
@@ -628,10 +672,11 @@ def _bulk_write(deps: SyncDeps, job: Job, docs: list[dict[str, Any]]) -> BulkRep
 
 
 def _embed(deps: SyncDeps, job: Job, per_path: list[tuple[str, str, str, list[Chunk]]],
-           failed_paths: set[str]) -> dict[tuple[str, int], list[float]]:
+           failed_paths: set[str], needed: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], list[float]]:
     """Vectors for a batch's chunks, through the cache: ``(path, chunk index) -> vector``.
 
-    Only texts the cache does not know are sent to the embedder, each once. A chunk the provider refuses is
+    Only the chunks in ``needed`` (all when None) are embedded; only texts the cache does not know are sent to
+    the embedder, each once. A chunk the provider refuses is
     written without a vector (keyword search still finds it); its path is added to ``failed_paths`` and named
     in ``job.errors``, so the sync ends ``partial`` and the next one retries the file.
     """
@@ -641,6 +686,8 @@ def _embed(deps: SyncDeps, job: Job, per_path: list[tuple[str, str, str, list[Ch
     texts: list[str] = []
     for path, lang, _sha, chunks in per_path:
         for c in chunks:
+            if needed is not None and (path, c.chunk_index) not in needed:
+                continue  # kept as stored (stable id): not written, so not embedded
             keys.append((path, c.chunk_index))
             texts.append(embedding_text(path, lang, c, deps.settings.chunking, deps.counter))
     if not texts:
@@ -656,10 +703,11 @@ def _embed(deps: SyncDeps, job: Job, per_path: list[tuple[str, str, str, list[Ch
     return {k: list(v) for k, v in zip(keys, vectors, strict=True) if v is not None}
 
 
-def _doc(src: Source, path: str, lang: str, c: Chunk, blob_sha: str, commit: str, now: str) -> dict[str, Any]:
+def _doc(src: Source, path: str, lang: str, c: Chunk, doc_id: str, blob_sha: str, commit: str,
+         now: str) -> dict[str, Any]:
     content_sha = hashlib.sha256(c.content.encode("utf-8")).hexdigest()
     return {
-        "_id": F.chunk_id(src.agent_name, src.context_id, src.id, path, c.chunk_index, content_sha),
+        "_id": doc_id,
         F.AGENT_NAME: src.agent_name, F.CONTEXT_ID: src.context_id, F.SOURCE_ID: src.id,
         F.REPO: src.repo_name or src.repo_url, F.REF: src.ref, F.REFS: [src.ref], F.COMMIT: commit, F.PATH: path,
         F.LANGUAGE: lang, F.KIND: c.kind, F.SYMBOL: c.symbol, F.SIGNATURE: c.signature, F.CONTENT: c.content,

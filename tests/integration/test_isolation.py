@@ -76,7 +76,7 @@ def _docs(with_vectors: bool) -> list[dict[str, Any]]:
             content = f"{marker(agent, ctx)} {words}\nline two of {words}"
             path = f"{agent}/{ctx}/file{i}.py"
             sha = hashlib.sha256(content.encode()).hexdigest()
-            d = {"_id": F.chunk_id(agent, ctx, f"src-{agent}-{ctx}", path, 0, sha),
+            d = {"_id": F.chunk_id(agent, ctx, f"src-{agent}-{ctx}", path, 1, 2, sha),
                  F.AGENT_NAME: agent, F.CONTEXT_ID: ctx, F.SOURCE_ID: f"src-{agent}-{ctx}", F.REPO: "iso/repo",
                  F.REF: "main", F.COMMIT: "0" * 40, F.PATH: path, F.LANGUAGE: "python", F.KIND: "lines",
                  F.SYMBOL: None, F.SIGNATURE: None, F.CONTENT: content, F.CHUNK_INDEX: 0, F.START_LINE: 1,

@@ -105,7 +105,7 @@ def mkdoc(agent: str, ctx: str, source: str, path: str, content: str, *, chunk_i
           vector: Sequence[float] | None | bool = True) -> dict[str, Any]:
     """A chunk document as the indexer builds it (``vector=True``: the id's deterministic vector)."""
     sha = hashlib.sha256(content.encode()).hexdigest()
-    doc_id = F.chunk_id(agent, ctx, source, path, chunk_index, sha)
+    doc_id = F.chunk_id(agent, ctx, source, path, 1 + 10 * chunk_index, 10 + 10 * chunk_index, sha)
     d: dict[str, Any] = {
         "_id": doc_id, F.AGENT_NAME: agent, F.CONTEXT_ID: ctx, F.SOURCE_ID: source, F.REPO: repo, F.REF: ref,
         F.COMMIT: "c" * 40, F.PATH: path, F.LANGUAGE: _LANG.get(Path(path).suffix, "text"),

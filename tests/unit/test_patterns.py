@@ -139,7 +139,7 @@ def sqlite_store(tmp_path: Path) -> SqliteChunkStore:
     for n in range(300):
         path = LONG_PATH + f"/f{n}.py"
         sha = hashlib.sha256(str(n).encode()).hexdigest()
-        docs.append({"_id": F.chunk_id("a", "c", "s", path, 0, sha), F.AGENT_NAME: "a", F.CONTEXT_ID: "c",
+        docs.append({"_id": F.chunk_id("a", "c", "s", path, 1, 1, sha), F.AGENT_NAME: "a", F.CONTEXT_ID: "c",
                      F.SOURCE_ID: "s", F.PATH: path, F.CONTENT: f"def retry_{n}(): pass", F.CHUNK_INDEX: 0,
                      F.START_LINE: 1, F.END_LINE: 1, F.CONTENT_SHA: sha, F.INDEXED_AT: "2026-01-01T00:00:00+00:00"})
     s.bulk_write(docs)

@@ -513,28 +513,88 @@ class OpenSearchChunkStore:
         return {b[F.PATH] for b in self._composite(flt, [F.PATH])}
 
     def indexed_blobs(self, source_id: str, agent_name: str, context_id: str) -> dict[str, str]:
-        """path → blob id of what one scope of a source holds (``""`` when a path mixes versions)."""
+        """path → blob id of what one scope of a source holds: the blob of the path's most recent write.
+
+        A changed file rewrites only its changed chunks (issue 20), so a path's chunks normally carry several blob
+        ids; the one written last (greatest ``indexed_at``) names the version the path was last brought to. Two
+        blob ids sharing the latest write time (a chunk altered behind scopekb's back) give ``""``: the path is
+        treated as changed and rewritten. One composite aggregation of (path, blob id) with ``max(indexed_at)``.
+        """
         flt: list[dict[str, Any]] = [{"term": {F.SOURCE_ID: source_id}}, {"term": {F.AGENT_NAME: agent_name}},
                                      {"term": {F.CONTEXT_ID: context_id}}]
-        out: dict[str, str] = {}
-        for b in self._composite(flt, [F.PATH, F.BLOB_SHA]):
-            out[b[F.PATH]] = "" if b[F.PATH] in out else b[F.BLOB_SHA]
+        latest: dict[str, tuple[float, str]] = {}
+        for b in self._composite(flt, [F.PATH, F.BLOB_SHA], sub={"t": {"max": {"field": F.INDEXED_AT}}}):
+            t = float(b.get("t") or 0.0)
+            path, sha = b[F.PATH], b[F.BLOB_SHA]
+            prev = latest.get(path)
+            if prev is None or t > prev[0]:
+                latest[path] = (t, sha)
+            elif t == prev[0] and sha != prev[1]:
+                latest[path] = (t, "")
+        return {p: sha for p, (_, sha) in latest.items()}
+
+    def chunk_versions(self, agent_name: str, context_id: str, source_id: str,
+                       paths: Sequence[str]) -> dict[str, dict[str, tuple[str, str]]]:
+        """What one scope of a source holds for ``paths``: path → {chunk id: (blob id, indexed_at)} (issue 20:
+        the sync compares these ids with the new chunks' ids, writes only the missing ones and deletes only the
+        vanished ones). One search per 1,000 paths; a scroll when more than 10,000 chunks match."""
+        out: dict[str, dict[str, tuple[str, str]]] = {}
+        for i in range(0, len(paths), 1000):
+            query = {"bool": {"filter": [
+                {"term": {F.AGENT_NAME: agent_name}}, {"term": {F.CONTEXT_ID: context_id}},
+                {"term": {F.SOURCE_ID: source_id}}, {"terms": {F.PATH: list(paths[i:i + 1000])}}]}}
+            fields = [F.PATH, F.BLOB_SHA, F.INDEXED_AT]
+            try:
+                res = self.client.search(index=self.alias, body={"query": query, "size": 10000,
+                                                                 "_source": fields, "track_total_hits": True})
+            except NotFoundError:
+                return out
+            hits = res["hits"]["hits"]
+            if res["hits"]["total"]["value"] > len(hits):
+                hits = helpers.scan(self.client, index=self.alias, query={"query": query, "_source": fields},
+                                    size=5000)
+            for h in hits:
+                src = h["_source"]
+                out.setdefault(src[F.PATH], {})[h["_id"]] = (src.get(F.BLOB_SHA) or "", src.get(F.INDEXED_AT) or "")
         return out
 
-    def _composite(self, flt: list[dict[str, Any]], keys: list[str]) -> Iterator[dict[str, Any]]:
+    def delete_ids(self, ids: Sequence[str]) -> int:
+        """Delete chunks by id in bulk requests; ids already gone are not errors. Returns chunks deleted.
+
+        Raises:
+            opensearchpy.TransportError: a request failed (the sync fails and is retried).
+        """
+        deleted = 0
+        actions = ({"_op_type": "delete", "_index": self.alias, "_id": i} for i in ids)
+        for ok, item in helpers.streaming_bulk(self.client, actions, chunk_size=1000, raise_on_error=False,
+                                               raise_on_exception=True, max_retries=3, params=_BULK_PARAMS):
+            info = item.get("delete", {})
+            if ok and info.get("result") == "deleted":
+                deleted += 1
+            elif not ok and info.get("status") != 404:
+                raise TransportError(info.get("status", "N/A"), str(info.get("error")), info)
+        return deleted
+
+    def _composite(self, flt: list[dict[str, Any]], keys: list[str],
+                   sub: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """Buckets of a composite aggregation over ``keys`` (paged), each with ``doc_count`` and the ``value`` of
+        every single-value sub-aggregation in ``sub`` under its name."""
         after: dict[str, Any] | None = None
         while True:
             comp: dict[str, Any] = {"size": 1000, "sources": [{k: {"terms": {"field": k}}} for k in keys]}
             if after:
                 comp["after"] = after
+            agg_body: dict[str, Any] = {"composite": comp}
+            if sub:
+                agg_body["aggs"] = sub
             try:
                 res = self.client.search(index=self.alias, body={
-                    "size": 0, "query": {"bool": {"filter": flt}}, "aggs": {"c": {"composite": comp}}})
+                    "size": 0, "query": {"bool": {"filter": flt}}, "aggs": {"c": agg_body}})
             except NotFoundError:
                 return
             agg = res["aggregations"]["c"]
             for b in agg["buckets"]:
-                yield {**b["key"], "doc_count": b["doc_count"]}
+                yield {**b["key"], "doc_count": b["doc_count"], **{n: b[n].get("value") for n in (sub or {})}}
             after = agg.get("after_key")
             if not after or not agg["buckets"]:
                 return

@@ -509,19 +509,54 @@ class SqliteChunkStore:
         return {r[0] for r in rows if r[0] is not None}
 
     def indexed_blobs(self, source_id: str, agent_name: str, context_id: str) -> dict[str, str]:
-        """path → blob id of what one scope of a source holds (``""`` when a path mixes versions)."""
+        """path → blob id of the path's most recent write (``""`` when two blob ids share the latest write time);
+        see :meth:`scopekb.stores.opensearch.OpenSearchChunkStore.indexed_blobs`. Times compared at millisecond
+        precision, as OpenSearch's ``max`` of a date does."""
         with self._db.read() as conn:
             if not self._readable(conn):
                 return {}
             rows = conn.execute(
-                "SELECT DISTINCT c.path, json_extract(d.doc, '$.blob_sha') FROM chunks c"
-                " JOIN chunk_docs d ON d.rowid = c.rowid"
-                " WHERE c.source_id = ? AND c.agent_name = ? AND c.context_id = ?",
+                "SELECT c.path, json_extract(d.doc, '$.blob_sha'), MAX(substr(json_extract(d.doc, '$.indexed_at'),"
+                " 1, 23)) FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid"
+                " WHERE c.source_id = ? AND c.agent_name = ? AND c.context_id = ? GROUP BY 1, 2",
                 (source_id, agent_name, context_id)).fetchall()
-        out: dict[str, str] = {}
-        for path, sha in rows:
-            out[path] = "" if path in out else (sha or "")
+        latest: dict[str, tuple[str, str]] = {}
+        for path, sha, t in rows:
+            t, sha = t or "", sha or ""
+            prev = latest.get(path)
+            if prev is None or t > prev[0]:
+                latest[path] = (t, sha)
+            elif t == prev[0] and sha != prev[1]:
+                latest[path] = (t, "")
+        return {p: sha for p, (_, sha) in latest.items()}
+
+    def chunk_versions(self, agent_name: str, context_id: str, source_id: str,
+                       paths: Sequence[str]) -> dict[str, dict[str, tuple[str, str]]]:
+        """path → {chunk id: (blob id, indexed_at)} of what one scope of a source holds for ``paths``."""
+        out: dict[str, dict[str, tuple[str, str]]] = {}
+        paths = list(paths)
+        with self._db.read() as conn:
+            if not self._readable(conn):
+                return out
+            for i in range(0, len(paths), 500):
+                part = paths[i:i + 500]
+                rows = conn.execute(
+                    "SELECT c.path, c.id, json_extract(d.doc, '$.blob_sha'), json_extract(d.doc, '$.indexed_at')"
+                    " FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid WHERE c.agent_name = ? AND"
+                    f" c.context_id = ? AND c.source_id = ? AND c.path IN ({','.join('?' * len(part))})",
+                    [agent_name, context_id, source_id, *part]).fetchall()
+                for path, cid, sha, t in rows:
+                    out.setdefault(path, {})[cid] = (sha or "", t or "")
         return out
+
+    def delete_ids(self, ids: Sequence[str]) -> int:
+        """Delete chunks by id (ids not stored are ignored). Returns chunks deleted."""
+        ids = list(ids)
+        total = 0
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            total += self._delete(f"id IN ({','.join('?' * len(part))})", part)
+        return total
 
     def source_stats(self, source_id: str) -> dict[str, int]:
         """``{"documents": distinct paths, "chunks": chunk count}`` for one source."""
