@@ -94,7 +94,7 @@ def chunks_of(deps: SyncDeps, src: Source, path: str) -> dict[str, tuple[int, in
 def functions(n: int, edited: int | None = None) -> str:
     out = []
     for i in range(n):
-        body = "    return zzfn_value_%d  # edited\n" % i if i == edited else "    return zzfn_value_%d\n" % i
+        body = f"    return zzfn_value_{i}  # edited\n" if i == edited else f"    return zzfn_value_{i}\n"
         out.append(f"def zzfn_{i}(x):\n    y = x + {i}\n{body}\n\n")
     return "".join(out)
 

@@ -23,7 +23,8 @@ DIM = 4
 
 def doc(agent: str, path: str, content: str, i: int = 0, vec: Any = None, **extra: Any) -> dict[str, Any]:
     sha = hashlib.sha256(content.encode()).hexdigest()
-    d: dict[str, Any] = {"_id": F.chunk_id(agent, "c", "s", path, 1 + i, 2 + i, sha), F.AGENT_NAME: agent, F.CONTEXT_ID: "c",
+    d: dict[str, Any] = {"_id": F.chunk_id(agent, "c", "s", path, 1 + i, 2 + i, sha), F.AGENT_NAME: agent,
+                         F.CONTEXT_ID: "c",
                          F.SOURCE_ID: "s", F.PATH: path, F.CONTENT: content, F.CHUNK_INDEX: i, F.START_LINE: 1,
                          F.END_LINE: 2, F.CONTENT_SHA: sha, F.INDEXED_AT: "2026-01-01T00:00:00+00:00"}
     if vec is not None:
