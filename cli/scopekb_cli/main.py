@@ -427,14 +427,40 @@ def search(query: str,
            mode: Annotated[SearchMode | None, typer.Option(help="default: hybrid with a model, else keyword")] = None,
            max_results: int = 5, file_pattern: Annotated[list[str] | None, typer.Option("--file")] = None,
            language: Annotated[list[str] | None, typer.Option("--language")] = None,
+           case_sensitive: Annotated[bool | None, typer.Option(
+               "--case-sensitive/--ignore-case", help="exact/regex/symbol; default: exact and regex match case, "
+                                                      "symbol ignores it")] = None,
+           prefix: Annotated[bool, typer.Option("--prefix", help="symbol mode: names starting with the query")
+                             ] = False,
+           kind: Annotated[list[str] | None, typer.Option("--kind", help="symbol mode: function, class, ...")
+                           ] = None,
+           meta: Annotated[list[str] | None, typer.Option("--meta", help="metadata filter KEY=VALUE (repeatable)")
+                           ] = None,
            as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Search as an operator within an explicit scope (agents use the query API or MCP with their keys)."""
+    """Search as an operator within an explicit scope (agents use the query API or MCP with their keys).
+
+    Modes: keyword, vector, hybrid; exact (a literal, like grep -F), regex (RE2, like grep -E), symbol
+    (definitions by name or dotted path)."""
+    from pydantic import ValidationError
+
     s = get_settings()
     rt = _rt()
     chosen = mode or (SearchMode.hybrid if rt.embedder is not None else SearchMode.keyword)
     scope = ScopeFilter(agent, None if context is None else (context,))
-    req = SearchRequest(query=query, mode=chosen, max_results=max_results, context_id=context,
-                        cross_context=context is None, file_patterns=file_pattern or [], languages=language or [])
+    filters: dict[str, list[str]] = {}
+    for item in meta or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise CliError(f"--meta takes KEY=VALUE, got {one_line(item, 80)!r}")
+        filters.setdefault(k, []).append(v)
+    try:
+        req = SearchRequest(query=query, mode=chosen, max_results=max_results, context_id=context,
+                            cross_context=context is None, file_patterns=file_pattern or [],
+                            languages=language or [], case_sensitive=case_sensitive,
+                            symbol_match="prefix" if prefix else "exact", kinds=kind or [],
+                            metadata=dict(filters.items()))
+    except ValidationError as e:
+        raise CliError("; ".join(one_line(str(x.get("msg")), 300) for x in e.errors())) from None
     try:
         resp = run_search(rt.chunks, req, scope, s.query, embed=rt.embed_query if rt.embedder is not None else None)
     except SearchUnavailable as e:
@@ -453,6 +479,8 @@ def search(query: str,
         head.append(f"  score {h.score:.2f}", style="green")
         if h.symbol:
             head.append(f"  {one_line(h.symbol, 200)}", style="magenta")
+        if h.match_lines:
+            head.append("  lines " + ",".join(str(int(x)) for x in h.match_lines[:50]), style="yellow")
         if context is None:
             head.append(f"  [{one_line(h.context_id)}]", style="dim")
         out.print(head)

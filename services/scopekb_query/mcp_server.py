@@ -204,9 +204,11 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
         ctx: Context,
         query: Annotated[str, Field(min_length=1, max_length=4096, description="What to look for: identifiers, "
                                     "phrases or a question")],
-        mode: Annotated[Literal["keyword", "vector", "hybrid"], Field(
-            description="keyword (BM25), vector (semantic) or hybrid; vector and hybrid need an embedding "
-                        "model")] = "keyword",
+        mode: Annotated[Literal["keyword", "vector", "hybrid", "exact", "regex", "symbol"], Field(
+            description="keyword (BM25), vector (semantic) or hybrid (vector and hybrid need an embedding model); "
+                        "exact: a literal substring of a line, like grep -F; regex: an RE2 pattern per line, like "
+                        "grep -E (no backreferences or lookaround); symbol: definitions by name or dotted path "
+                        "such as 'Client.get'. exact/regex/symbol hits list their matching line numbers")] = "keyword",
         max_results: Annotated[int, Field(ge=1, description=f"Hits to return (capped at {cfg.max_results_cap})"
                                           )] = cfg.default_max_results,
         min_score: Annotated[float, Field(ge=0.0, le=1.0, description="Drop hits scoring below this "
@@ -218,6 +220,16 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
         languages: Annotated[list[str] | None, Field(description="Languages, e.g. ['python', 'markdown']")] = None,
         ref: Annotated[str | None, Field(max_length=256, description="A branch or tag name, or the commit id of "
                                          "one's indexed head; default: every indexed ref")] = None,
+        case_sensitive: Annotated[bool | None, Field(
+            description="exact/regex/symbol: match case exactly (default: true for exact and regex, false for "
+                        "symbol)")] = None,
+        symbol_match: Annotated[Literal["exact", "prefix"], Field(
+            description="symbol mode: the name equals the query, or starts with it")] = "exact",
+        kinds: Annotated[list[str] | None, Field(
+            description="symbol mode: keep these definition kinds, e.g. ['function', 'method', 'class']")] = None,
+        metadata: Annotated[dict[str, str | int | float | bool | list[str | int | float | bool]] | None, Field(
+            description="Metadata filters, e.g. {'author': 'ann'} (front matter, object metadata); a list "
+                        "means any of its values")] = None,
     ) -> str:
         """Search the indexed code and documents this key may see. Each hit names its source (path, lines,
         score) before the chunk, which is fenced; an empty result says so."""
@@ -225,7 +237,9 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
         try:
             req = SearchRequest(query=query, mode=mode, max_results=max_results, min_score=min_score,
                                 context_id=context_id, cross_context=cross_context,
-                                file_patterns=file_patterns or [], languages=languages or [], ref=ref)
+                                file_patterns=file_patterns or [], languages=languages or [], ref=ref,
+                                case_sensitive=case_sensitive, symbol_match=symbol_match, kinds=kinds or [],
+                                metadata=metadata or {})
         except ValidationError as e:
             raise _invalid(e) from None
         return await _call(_search, key, req)

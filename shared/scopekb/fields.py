@@ -34,15 +34,25 @@ EMBEDDING = "embedding"
 EMBEDDING_MODEL = "embedding_model"
 METADATA = "metadata"
 INDEXED_AT = "indexed_at"
+#: ``content`` as a ``wildcard`` field (3-gram index + the exact value): the candidate filter of exact/regex search.
+CONTENT_WC = "content.wc"
+#: Definitions in the chunk (stored, not indexed): ``[{"name", "path", "kind", "signature", "line"}]``.
+DEFS = "defs"
+#: Indexed views of ``defs`` for symbol search: names and qualified paths lower-cased (keyword + normalizer), kinds.
+DEF_NAMES = "def_names"
+DEF_PATHS = "def_paths"
+DEF_KINDS = "def_kinds"
 
 #: Bumped whenever the mapping or analyzers change; part of the concrete index name behind the alias.
-MAPPING_VERSION = 3
+#: 4: ``content.wc`` (wildcard), ``defs``/``def_names``/``def_paths``/``def_kinds``, ``metadata`` as ``flat_object``.
+MAPPING_VERSION = 4
 
 #: BM25 field boosts (the Turso seed weights name 5.0 and signature 3.0 over content).
 KEYWORD_FIELDS = [f"{SYMBOL}^5", f"{SIGNATURE}^3", CONTENT, f"{PATH_TEXT}^2"]
 
 CODE_ANALYZER = "scopekb_code"
 CODE_SEARCH_ANALYZER = "scopekb_code_search"
+LOWER_NORMALIZER = "scopekb_lower"
 
 _ANALYSIS: dict[str, Any] = {
     "filter": {
@@ -63,6 +73,7 @@ _ANALYSIS: dict[str, Any] = {
         # Identifiers (letters, digits, underscore) are tokens; everything else separates them.
         "scopekb_identifier": {"type": "pattern", "pattern": "[^\\p{L}\\p{N}_]+"},
     },
+    "normalizer": {LOWER_NORMALIZER: {"type": "custom", "filter": ["lowercase"]}},
     "analyzer": {
         CODE_ANALYZER: {
             "type": "custom",
@@ -102,15 +113,21 @@ def chunk_mapping(dimension: int | None) -> dict[str, Any]:
         KIND: {"type": "keyword"},
         SYMBOL: text_kw,
         SIGNATURE: text_kw,
-        CONTENT: {"type": "text", "analyzer": CODE_ANALYZER, "search_analyzer": CODE_SEARCH_ANALYZER},
+        CONTENT: {"type": "text", "analyzer": CODE_ANALYZER, "search_analyzer": CODE_SEARCH_ANALYZER,
+                  "fields": {"wc": {"type": "wildcard"}}},
         CHUNK_INDEX: {"type": "integer"},
         START_LINE: {"type": "integer"},
         END_LINE: {"type": "integer"},
         CONTENT_SHA: {"type": "keyword"},
         BLOB_SHA: {"type": "keyword"},
         EMBEDDING_MODEL: {"type": "keyword"},
-        METADATA: {"type": "object", "dynamic": False},
+        # flat_object: every leaf is a keyword at its dotted path (``metadata.author``); never a mapping explosion
+        METADATA: {"type": "flat_object"},
         INDEXED_AT: {"type": "date"},
+        DEFS: {"type": "object", "enabled": False},
+        DEF_NAMES: {"type": "keyword", "normalizer": LOWER_NORMALIZER, "ignore_above": 512},
+        DEF_PATHS: {"type": "keyword", "normalizer": LOWER_NORMALIZER, "ignore_above": 1024},
+        DEF_KINDS: {"type": "keyword"},
     }
     if dimension:
         props[EMBEDDING] = {
@@ -121,6 +138,57 @@ def chunk_mapping(dimension: int | None) -> dict[str, Any]:
         }
     return {"dynamic": "strict", "_meta": {"mapping_version": MAPPING_VERSION, "dimension": dimension},
             "properties": props}
+
+
+#: Chunk kinds that are not definitions (line windows, markdown sections, notebook cells).
+_NOT_DEFS = frozenset({"lines", "section", "cell", "markdown", "text"})
+
+
+def def_fields(defs: list[dict[str, Any]] | None, symbol: str | None = None, kind: str | None = None,
+               signature: str | None = None, start_line: int | None = None) -> dict[str, Any]:
+    """The symbol-search fields of a chunk document from its definitions: ``{DEFS, DEF_NAMES, DEF_PATHS,
+    DEF_KINDS}`` (names and paths lower-cased, each list de-duplicated in order).
+
+    ``defs`` None (a chunk written before mapping version 4, copied by a reindex): one definition is derived from
+    the chunk's own ``symbol``/``kind``/``signature`` when its kind is a definition kind, so such chunks are still
+    found by their top-level symbol until the next full sync records every definition.
+    """
+    if defs is None:
+        defs = []
+        if symbol and kind and kind not in _NOT_DEFS:
+            defs = [{"name": symbol.rsplit(".", 1)[-1], "path": symbol, "kind": kind, "signature": signature,
+                     "line": start_line}]
+    return {DEFS: defs,
+            DEF_NAMES: list(dict.fromkeys(str(d.get("name") or "").lower() for d in defs if d.get("name"))),
+            DEF_PATHS: list(dict.fromkeys(str(d.get("path") or "").lower() for d in defs if d.get("path"))),
+            DEF_KINDS: list(dict.fromkeys(str(d.get("kind") or "") for d in defs if d.get("kind")))}
+
+
+def metadata_text(value: Any) -> str:
+    """A metadata value as stores compare it: booleans ``true``/``false``, anything else ``str(value)`` (OpenSearch's
+    ``flat_object`` keeps every leaf as such a keyword)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def flatten_metadata(meta: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """Leaves of a metadata object as ``(dotted key, value as text)`` pairs, like OpenSearch's ``flat_object``:
+    nested objects join their keys with ``.``, a list gives one pair per element, ``None`` gives none, booleans
+    are ``true``/``false``. ``{"a": {"b": [1, True]}}`` → ``[("a.b", "1"), ("a.b", "true")]``."""
+    out: list[tuple[str, str]] = []
+    stack: list[tuple[str, Any]] = [(f"{prefix}{k}", v) for k, v in meta.items()]
+    while stack and len(out) < 10_000:
+        key, v = stack.pop(0)
+        if v is None:
+            continue
+        if isinstance(v, dict):
+            stack.extend((f"{key}.{k}", x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((key, x) for x in v)
+        else:
+            out.append((key, metadata_text(v)))
+    return out
 
 
 def chunk_index_settings(shards: int, replicas: int, knn: bool) -> dict[str, Any]:

@@ -713,4 +713,5 @@ def _doc(src: Source, path: str, lang: str, c: Chunk, doc_id: str, blob_sha: str
         F.LANGUAGE: lang, F.KIND: c.kind, F.SYMBOL: c.symbol, F.SIGNATURE: c.signature, F.CONTENT: c.content,
         F.CHUNK_INDEX: c.chunk_index, F.START_LINE: c.start_line, F.END_LINE: c.end_line,
         F.CONTENT_SHA: content_sha, F.BLOB_SHA: blob_sha, F.METADATA: c.metadata, F.INDEXED_AT: now,
+        **F.def_fields(c.defs),
     }

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
+from scopekb.fields import metadata_text
 from scopekb.patterns import SOURCE_LIMITS, PatternRefused, compile_globs
 
 #: Agent names and context ids: printable, no whitespace at the ends, no control characters. Case-sensitive.
@@ -175,12 +176,29 @@ class Chunk:
     symbol: str | None = None
     signature: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: Every definition whose name line lies in this chunk (nested ones and methods of a class kept whole
+    #: included): ``{"name", "path", "kind", "signature", "line"}`` with ``path`` the qualified name
+    #: (``Class.method``) and ``line`` the absolute 1-based line of its header. Empty for non-code chunks.
+    defs: list[dict[str, Any]] = field(default_factory=list)
 
 
 class SearchMode(StrEnum):
+    """How a query is matched. ``keyword`` BM25, ``vector`` kNN, ``hybrid`` both fused; ``exact`` a literal
+    substring of a line, ``regex`` an RE2 pattern on each line (a safe subset, :mod:`scopekb.textsearch`),
+    ``symbol`` definitions by name or qualified path."""
+
     keyword = "keyword"
     vector = "vector"
     hybrid = "hybrid"
+    exact = "exact"
+    regex = "regex"
+    symbol = "symbol"
+
+
+#: Modes that match text line by line (every hit lists its matching lines).
+LINE_MODES = frozenset({SearchMode.exact, SearchMode.regex})
+#: Metadata filter limits: keys per request, values per key, characters per key or value.
+MAX_METADATA_KEYS, MAX_METADATA_VALUES, MAX_METADATA_CHARS = 16, 32, 256
 
 
 class SearchRequest(BaseModel):
@@ -202,6 +220,21 @@ class SearchRequest(BaseModel):
     repo: str | None = None
     ref: str | None = Field(default=None, max_length=256,
                             description="a branch or tag name, or a commit id that is the indexed head of one")
+    case_sensitive: bool | None = Field(
+        default=None, description="exact/regex/symbol: match case exactly. Default: true for exact and regex "
+                                  "(like grep), false for symbol")
+    symbol_match: Literal["exact", "prefix"] = Field(
+        default="exact", description="symbol mode: the name (or dotted path such as 'Class.method') equals the "
+                                     "query, or starts with it")
+    kinds: list[str] = Field(
+        default_factory=list, max_length=20,
+        description="symbol mode: definition kinds to keep (function, method, class, interface, struct, enum, "
+                    "trait, impl, module, type, macro, constructor, property, ...); empty keeps all")
+    metadata: dict[str, str | int | float | bool | list[str | int | float | bool]] = Field(
+        default_factory=dict,
+        description="key/value filters on chunk metadata (document front matter, object-store metadata, chunker "
+                    "fields such as 'parent'); nested keys joined by '.'; a list means any of its values; every key "
+                    "must match. Values compare as text ('true', '3')")
 
     @field_validator("query")
     @classmethod
@@ -211,6 +244,47 @@ class SearchRequest(BaseModel):
         if len(v.split()) > 256:  # OpenSearch refuses more than 1,024 clauses across the boosted fields
             raise ValueError("query has more than 256 terms")
         return v
+
+    @field_validator("kinds")
+    @classmethod
+    def _kinds(cls, v: list[str]) -> list[str]:
+        if any(not k or len(k) > 40 for k in v):
+            raise ValueError("each kind must be 1-40 characters")
+        return [k.lower() for k in v]
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if len(v) > MAX_METADATA_KEYS:
+            raise ValueError(f"metadata has {len(v)} keys; at most {MAX_METADATA_KEYS} are allowed")
+        for k, val in v.items():
+            vals = val if isinstance(val, list) else [val]
+            if not k or len(k) > MAX_METADATA_CHARS or any(ord(c) < 32 for c in k) or k.startswith(".") \
+                    or k.endswith(".") or ".." in k:
+                raise ValueError(f"metadata key {k[:40]!r} must be 1-{MAX_METADATA_CHARS} printable characters, "
+                                 "dot-separated parts not empty")
+            if not vals or len(vals) > MAX_METADATA_VALUES:
+                raise ValueError(f"metadata[{k[:40]!r}] must have 1-{MAX_METADATA_VALUES} values")
+            if any(len(metadata_text(x)) > MAX_METADATA_CHARS for x in vals):
+                raise ValueError(f"metadata[{k[:40]!r}]: each value must be at most {MAX_METADATA_CHARS} characters")
+        return v
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> SearchRequest:
+        if self.mode in LINE_MODES and ("\n" in self.query or "\r" in self.query):
+            raise ValueError(f"{self.mode.value} search matches within one line; the query must not contain a "
+                             "line break")
+        if self.mode == SearchMode.symbol and (len(self.query) > 512 or any(c.isspace() for c in self.query)):
+            raise ValueError("symbol search takes one name or dotted path (no spaces, at most 512 characters)")
+        if self.kinds and self.mode != SearchMode.symbol:
+            raise ValueError("kinds applies to mode 'symbol' only")
+        return self
+
+    def effective_case_sensitive(self) -> bool:
+        """``case_sensitive`` or the mode's default (true for exact and regex, false for symbol)."""
+        if self.case_sensitive is not None:
+            return self.case_sensitive
+        return self.mode != SearchMode.symbol
 
     @field_validator("languages")
     @classmethod
@@ -250,6 +324,13 @@ class SearchHit(BaseModel):
     agent_name: str
     context_id: str
     indexed_at: datetime | None = None
+    match_lines: list[int] | None = Field(
+        default=None, description="exact/regex: every line of the chunk that matches (absolute 1-based file line "
+                                  "numbers, ascending); symbol: the header lines of the matching definitions")
+    definitions: list[dict[str, Any]] | None = Field(
+        default=None, description="symbol mode: the matching definitions in this chunk, each {name, path, kind, "
+                                  "signature, line}")
+    signature: str | None = None
 
 
 #: A git blob id (40 hex, SHA-1 repositories; 64 hex, SHA-256 ones) or a content hash used as a blob key.

@@ -125,6 +125,9 @@ def _embed_docs(docs: list[dict[str, Any]], embedder: Embedder | None, cache: Em
     for d in docs:
         d.pop(F.EMBEDDING, None)
         d.pop(F.EMBEDDING_MODEL, None)
+        if F.DEF_NAMES not in d:  # written before mapping version 4: its top-level symbol becomes its definition
+            d.update(F.def_fields(d.get(F.DEFS), d.get(F.SYMBOL), d.get(F.KIND), d.get(F.SIGNATURE),
+                                  d.get(F.START_LINE)))
     if embedder is None:
         return
     texts = []

@@ -79,6 +79,10 @@ def fence_nonce(contents: Iterable[str]) -> str:
             return nonce
 
 
+#: Matching line numbers listed in a hit's header at most.
+_MAX_LINES_SHOWN = 50
+
+
 def hit_header(n: int, h: SearchHit) -> str:
     """The structure line naming hit ``n``: ``[n] path:start-end (score 0.92) symbol blob <blob_sha>``, data
     parts escaped."""
@@ -87,6 +91,9 @@ def hit_header(n: int, h: SearchHit) -> str:
         head += f" {one_line(h.symbol, 200)}"
     if h.blob_sha:  # what the ``read`` tool needs to open this file at this version
         head += f" blob {one_line(h.blob_sha, 64)}"
+    if h.match_lines:  # exact/regex/symbol: the matching lines (integers only)
+        shown = h.match_lines[:_MAX_LINES_SHOWN]
+        head += " lines " + ",".join(str(int(x)) for x in shown) + ("…" if len(h.match_lines) > len(shown) else "")
     return head
 
 

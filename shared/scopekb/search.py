@@ -12,12 +12,21 @@ from typing import Any
 from scopekb import fields as F
 from scopekb import scoring
 from scopekb.errors import Refused
-from scopekb.models import SearchHit, SearchMode, SearchRequest, SearchResponse
+from scopekb.models import LINE_MODES, SearchHit, SearchMode, SearchRequest, SearchResponse
 from scopekb.patterns import PatternRefused, compile_globs
 from scopekb.refs import RefIndex
 from scopekb.render import render_text
 from scopekb.settings import QuerySettings
-from scopekb.stores.base import ChunkStore, RawHit, RecordStore, ScopeFilter, SearchFilter, StoreVersionMismatch
+from scopekb.stores.base import (
+    ChunkStore,
+    RawHit,
+    RecordStore,
+    ScopeFilter,
+    SearchFilter,
+    StoreVersionMismatch,
+    SymbolQuery,
+)
+from scopekb.textsearch import LinePattern
 
 #: Turns a query text into a vector, or None in keyword-only mode.
 QueryEmbedder = Callable[[str], Sequence[float]]
@@ -28,7 +37,7 @@ __all__ = ["QueryEmbedder", "SearchUnavailable", "render_text", "run_search"]
 
 class SearchUnavailable(Refused, ValueError):
     """The search cannot run as asked (HTTP 400): a mode that needs an embedding model on a keyword-only index, or
-    a ``file_patterns`` entry over a limit of ``query.*`` (the message names it)."""
+    a ``file_patterns`` entry or a regex over a limit of ``query.*`` (the message names it)."""
 
 
 def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: QuerySettings,
@@ -43,9 +52,13 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     ``max_results`` is capped at ``cfg.max_results_cap``; hits under ``min_score`` are dropped. No hit is an
     empty, successful response.
 
+    ``exact``/``regex``/``symbol`` are answered by :func:`_line_search` and :func:`_symbol_search`; ``metadata``
+    filters apply in every mode.
+
     Raises:
-        SearchUnavailable: ``vector``/``hybrid`` asked for while no embedder is configured, or a file pattern over
-            a limit of ``cfg`` (:mod:`scopekb.patterns`).
+        SearchUnavailable: ``vector``/``hybrid`` asked for while no embedder is configured, a file pattern or a
+            regex over a limit of ``cfg`` (:mod:`scopekb.patterns`, :mod:`scopekb.textsearch`), or a regex with no
+            literal to narrow by over a scope larger than ``cfg.text_scan_max`` chunks.
         scopekb.errors.NotFound: (404) ``req.ref`` is no indexed ref of the scope's sources, nor the head commit
             of one.
     """
@@ -57,8 +70,26 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     size = min(req.max_results, cfg.max_results_cap)
     refs = RefIndex.load(records, scope, req.source_id, req.repo) if req.ref and records is not None else None
     ref = refs.resolve(req.ref) if refs is not None and req.ref else req.ref
+    meta = tuple((k, tuple(dict.fromkeys(F.metadata_text(x) for x in (v if isinstance(v, list) else [v]))))
+                 for k, v in sorted(req.metadata.items()))
     flt = SearchFilter(scope=scope, source_id=req.source_id, repo=req.repo, ref=ref,
-                       languages=tuple(req.languages), file_patterns=tuple(req.file_patterns))
+                       languages=tuple(req.languages), file_patterns=tuple(req.file_patterns), metadata=meta)
+    if req.mode in LINE_MODES:
+        hits, notice = _line_search(store, req, flt, cfg, size, t0)
+    elif req.mode == SearchMode.symbol:
+        hits, notice = _symbol_search(store, req, flt, cfg, size)
+    else:
+        hits, notice = _ranked_search(store, req, flt, cfg, size, embed)
+    if refs is not None and ref:
+        hits = [h.model_copy(update={"ref": ref, "commit": refs.commit(h.source_id, ref) or h.commit})
+                for h in hits]
+    return SearchResponse(query=req.query, mode=req.mode, hits=hits, notice=notice,
+                          took_ms=round((time.perf_counter() - t0) * 1000, 2))
+
+
+def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg: QuerySettings, size: int,
+                   embed: QueryEmbedder | None) -> tuple[list[SearchHit], str | None]:
+    """keyword / vector / hybrid: scores normalised to [0, 1] (DESIGN §5), best first."""
     depth = max(size * cfg.candidate_factor, size)
     docs: dict[str, dict[str, Any]] = {}
     notice = None
@@ -87,19 +118,114 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
                 ranked = scoring.rrf_fusion(kw_list, vec_list)
             else:
                 ranked = scoring.weighted_fusion(kw_list, vec_list, cfg.keyword_weight, cfg.vector_weight)
-    hits = [_hit(docs[i], score) for i, score in ranked if round(score, 6) >= req.min_score][:size]
-    if refs is not None and ref:
-        hits = [h.model_copy(update={"ref": ref, "commit": refs.commit(h.source_id, ref) or h.commit})
-                for h in hits]
-    return SearchResponse(query=req.query, mode=req.mode, hits=hits, notice=notice,
-                          took_ms=round((time.perf_counter() - t0) * 1000, 2))
+    return [_hit(docs[i], score) for i, score in ranked if round(score, 6) >= req.min_score][:size], notice
 
 
-def _hit(d: dict[str, Any], score: float) -> SearchHit:
+def _line_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg: QuerySettings, size: int,
+                 t0: float) -> tuple[list[SearchHit], str | None]:
+    """exact / regex: the store's candidates (:mod:`scopekb.textsearch`) verified line by line; every hit scores
+    1.0 and lists its matching lines; hits come in path, then line order (like ``git grep``), the first ``size``.
+
+    At most ``cfg.text_scan_max`` candidates are verified and for at most ``cfg.text_timeout_s`` seconds; past
+    either the answer says where it stopped. A query with no literal to narrow by (shorter than 3 characters,
+    or a regex without one) that would need more than ``text_scan_max`` chunks scanned is refused (400).
+    """
+    try:
+        pattern = LinePattern(req.mode.value, req.query, req.effective_case_sensitive(), cfg.regex_limits())
+    except PatternRefused as e:
+        raise SearchUnavailable(str(e)) from None
+    hits: list[SearchHit] = []
+    notice = None
+    deadline = t0 + cfg.text_timeout_s
+    limit = cfg.text_scan_max
+    scanned = 0
+    for _id, _score, d in store.literal_candidates(pattern.literals, flt, limit + 1):
+        scanned += 1
+        if scanned > limit:
+            if not pattern.literals.groups:
+                raise SearchUnavailable(
+                    f"the {req.mode.value} query has no literal of 3 or more characters to narrow the search and "
+                    f"more than {limit} chunks would have to be scanned (query.text_scan_max); add a longer "
+                    "literal or narrow with file_patterns, languages or source_id")
+            notice = (f"stopped after verifying {limit} candidate chunks (query.text_scan_max); narrow the search "
+                      "with file_patterns, languages or source_id for the rest")
+            break
+        if time.perf_counter() > deadline:
+            notice = (f"stopped after {cfg.text_timeout_s:g} s (query.text_timeout_s) and {scanned - 1} candidate "
+                      "chunks; narrow the search for the rest")
+            break
+        lines = pattern.lines(d[F.CONTENT], d[F.START_LINE])
+        if lines:
+            hits.append(_hit(d, 1.0, match_lines=lines))
+            if len(hits) > size:
+                break
+    if len(hits) > size:
+        hits = hits[:size]
+        notice = notice or (f"more chunks match than the {size} shown (in path order); raise max_results (at most "
+                            f"{cfg.max_results_cap}) or narrow with file_patterns")
+    return hits, notice
+
+
+def _symbol_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg: QuerySettings,
+                   size: int) -> tuple[list[SearchHit], str | None]:
+    """symbol: definitions whose name (or, for a dotted query, qualified path) equals or starts with the query.
+
+    Scores: 1.0 an exact match in the query's case, 0.9 an exact match in another case (case-insensitive
+    search), ``0.5 + 0.4 × len(query) / len(name)`` a prefix match; a chunk scores its best definition. Best
+    first, then path and line. Each hit lists the matching definitions and their header lines.
+    """
+    q = req.query
+    by_path = "." in q.strip(".")
+    field = "path" if by_path else "name"
+    prefix = req.symbol_match == "prefix"
+    cs = req.effective_case_sensitive()
+    kinds = set(req.kinds)
+    sq = SymbolQuery(text=q, field=field, prefix=prefix, kinds=tuple(req.kinds))
+    scored: list[tuple[float, SearchHit]] = []
+    cands = store.symbol_candidates(sq, flt, cfg.symbol_scan_max + 1)
+    notice = None
+    if len(cands) > cfg.symbol_scan_max:
+        cands = cands[:cfg.symbol_scan_max]
+        notice = (f"more than {cfg.symbol_scan_max} chunks define a matching symbol (query.symbol_scan_max); only "
+                  "those first in path order were ranked: use symbol_match 'exact', kinds or file_patterns")
+    ql = q.lower()
+    for _id, _s, d in cands:
+        defs = d.get(F.DEFS)
+        if defs is None:
+            defs = F.def_fields(None, d.get(F.SYMBOL), d.get(F.KIND), d.get(F.SIGNATURE), d.get(F.START_LINE))[F.DEFS]
+        matched: list[tuple[float, dict[str, Any]]] = []
+        for df in defs:
+            target = str(df.get(field) or "")
+            if kinds and str(df.get("kind") or "") not in kinds:
+                continue
+            if target == q:
+                score = 1.0
+            elif not cs and target.lower() == ql:
+                score = 0.9
+            elif prefix and (target.startswith(q) or (not cs and target.lower().startswith(ql))):
+                score = 0.5 + 0.4 * len(q) / max(len(target), 1)
+            else:
+                continue
+            matched.append((score, df))
+        if not matched:
+            continue
+        best = max(s for s, _ in matched)
+        if round(best, 6) < req.min_score:
+            continue
+        defs_out = [{k: df.get(k) for k in ("name", "path", "kind", "signature", "line")} for _, df in matched]
+        top = max(matched, key=lambda x: x[0])[1]
+        hit = _hit(d, best, match_lines=sorted({int(df["line"]) for _, df in matched if df.get("line")}),
+                   definitions=defs_out)
+        hit.signature = top.get("signature") or hit.signature
+        scored.append((best, hit))
+    scored.sort(key=lambda x: (-x[0], x[1].path, x[1].start_line))
+    return [h for _, h in scored[:size]], notice
+
+
+def _hit(d: dict[str, Any], score: float, **extra: Any) -> SearchHit:
     return SearchHit(
         path=d[F.PATH], start_line=d[F.START_LINE], end_line=d[F.END_LINE], content=d[F.CONTENT],
         score=round(score, 6), chunk_index=d[F.CHUNK_INDEX], language=d.get(F.LANGUAGE), kind=d.get(F.KIND),
-        symbol=d.get(F.SYMBOL), repo=d.get(F.REPO), ref=d.get(F.REF), refs=d.get(F.REFS), commit=d.get(F.COMMIT),
-        blob_sha=d.get(F.BLOB_SHA) or None, source_id=d.get(F.SOURCE_ID), agent_name=d[F.AGENT_NAME],
-        context_id=d[F.CONTEXT_ID],
-        indexed_at=d.get(F.INDEXED_AT))
+        symbol=d.get(F.SYMBOL), signature=d.get(F.SIGNATURE), repo=d.get(F.REPO), ref=d.get(F.REF),
+        refs=d.get(F.REFS), commit=d.get(F.COMMIT), blob_sha=d.get(F.BLOB_SHA) or None, source_id=d.get(F.SOURCE_ID),
+        agent_name=d[F.AGENT_NAME], context_id=d[F.CONTEXT_ID], indexed_at=d.get(F.INDEXED_AT), **extra)

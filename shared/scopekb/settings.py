@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
     from scopekb.patterns import PatternLimits
+    from scopekb.textsearch import RegexLimits
 
 
 def absolute_path(value: Path) -> Path:
@@ -204,6 +205,22 @@ class QuerySettings(BaseModel):
     max_pattern_length: int = 256
     max_pattern_wildcards: int = 10
     max_pattern_globstars: int = 3
+    #: exact/regex search: candidate chunks verified per request at most; past it the answer says it stopped
+    #: (a pattern with no literal of 3+ characters to narrow by is refused with 400 when the scope is larger).
+    text_scan_max: int = Field(default=20_000, ge=100, le=1_000_000)
+    #: exact/regex search: seconds spent verifying candidates at most; past it the answer says it stopped.
+    text_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    #: regex search: characters per pattern, and RE2 program memory in bytes per compiled pattern (400 over one).
+    regex_max_length: int = Field(default=512, ge=16, le=4096)
+    regex_max_mem: int = Field(default=1 << 20, ge=1 << 16, le=1 << 26)
+    #: symbol search: candidate chunks examined per request at most.
+    symbol_scan_max: int = Field(default=2_000, ge=100, le=100_000)
+
+    def regex_limits(self) -> RegexLimits:
+        """The regex bounds as :class:`scopekb.textsearch.RegexLimits`."""
+        from scopekb.textsearch import RegexLimits
+
+        return RegexLimits(max_length=self.regex_max_length, max_mem=self.regex_max_mem)
 
     @model_validator(mode="after")
     def _pattern_limits_within_ceiling(self) -> QuerySettings:

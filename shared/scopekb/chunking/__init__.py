@@ -26,8 +26,10 @@ Guarantees, for any text input (tested with hypothesis in tests/unit/test_chunki
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from scopekb.chunking.core import Doc, Piece
 from scopekb.chunking.markdown import chunk_markdown
@@ -125,6 +127,8 @@ def _chunk(path: str, text: str, language: str, cfg: ChunkingSettings, counter: 
 
         try:
             chunks = chunk_notebook(text, cfg, counter, sub)
+            for c in chunks:  # cell-relative definition lines: not recorded for notebooks
+                c.defs = []
             report.chunker = "notebook"
             report.budget = Doc("", cfg, counter).budget
             return chunks
@@ -140,19 +144,31 @@ def _chunk(path: str, text: str, language: str, cfg: ChunkingSettings, counter: 
             report.fallback = "too_large_to_parse"
             return _lines(Doc(text, cfg, counter), report)
         doc = Doc(text, cfg, counter)
+        defs: list[dict[str, Any]] = []
         try:
-            pieces = chunk_syntax(doc, language, cfg)
+            pieces = chunk_syntax(doc, language, cfg, defs)
         except SyntaxFallback as f:
             report.fallback = f.reason
             return _lines(doc, report)
         report.chunker, report.budget = "syntax", doc.budget
-        return _finish(doc, pieces, report)
+        return _attach_defs(_finish(doc, pieces, report), defs)
     return _lines(Doc(text, cfg, counter), report)
 
 
 def _finish(doc: Doc, pieces: list[Piece], report: ChunkingReport) -> list[Chunk]:
     report.skipped.extend(doc.skipped)
     return doc.to_chunks(pieces)
+
+
+def _attach_defs(chunks: list[Chunk], defs: list[dict[str, Any]]) -> list[Chunk]:
+    """Give each chunk the definitions whose name line it holds (the first piece of an over-long line only)."""
+    lines = [d["line"] for d in defs]  # ascending
+    for c in chunks:
+        if c.metadata.get("col_start", 0):
+            continue
+        lo, hi = bisect.bisect_left(lines, c.start_line), bisect.bisect_right(lines, c.end_line)
+        c.defs = [dict(d) for d in defs[lo:hi]]
+    return chunks
 
 
 def _lines(doc: Doc, report: ChunkingReport) -> list[Chunk]:

@@ -117,6 +117,7 @@ _NAME_LEAVES = frozenset({"identifier", "field_identifier", "qualified_identifie
                           "operator_cast", "scoped_identifier", "primitive_type"})
 _NAMESPACES = frozenset({"namespace_definition", "namespace_declaration", "internal_module", "module"})
 _WS = re.compile(r"\s+")
+_LAST_PART = re.compile(r"\.|::")
 _MAX_SIGNATURE = 300
 _MAX_DEPTH = 40
 
@@ -431,6 +432,32 @@ class SyntaxChunker:
         """Comments, Rust attributes and decorators: attached to the definition below them."""
         return "comment" in node.type or node.type in ("attribute_item", "decorator")
 
+    def collect_defs(self, root: Any) -> list[dict[str, Any]]:
+        """Every named definition in the tree at any depth (members of classes kept whole, nested functions,
+        definitions inside conditionals), as ``{"name", "path", "kind", "signature", "line"}``: ``path`` is the
+        qualified name (``Outer.inner``; a Go method ``Type.Method``), ``line`` the 1-based row of its name, kind
+        ``method`` for a function inside a class-like definition. In source order."""
+        out: list[dict[str, Any]] = []
+        stack: list[tuple[Any, str | None, str | None, int]] = [(root, None, None, 0)]
+        while stack:
+            node, prefix, pkind, depth = stack.pop()
+            if depth > 2 * _MAX_DEPTH:
+                continue
+            for c in reversed(node.named_children):
+                d = self.as_def(c)
+                if d is None or not d.name:
+                    stack.append((c if d is None else d.inner, prefix, pkind, depth + 1))
+                    continue
+                kind = "method" if d.kind in _FUNC_KINDS and pkind in CONTAINER_KINDS else d.kind
+                path = f"{prefix}.{d.name}" if prefix else d.name
+                name_node = d.inner.child_by_field_name("name")
+                row = (name_node if name_node is not None else d.inner).start_point[0]
+                out.append({"name": _LAST_PART.split(d.name)[-1] or d.name, "path": path, "kind": kind,
+                            "signature": self.signature(d), "line": row + 1})
+                stack.append((d.inner, path, kind, depth + 1))
+        out.sort(key=lambda x: x["line"])
+        return out
+
     # -- chunking ------------------------------------------------------------------------------------------
     def run(self, root: Any) -> list[Piece]:
         """Pieces for the whole tree, covering rows 0..n-1."""
@@ -549,8 +576,9 @@ class SyntaxChunker:
         return out
 
 
-def chunk_syntax(doc: Doc, language: str, cfg: Any) -> list[Piece]:
-    """Definition pieces for a whole document.
+def chunk_syntax(doc: Doc, language: str, cfg: Any, defs_out: list[dict[str, Any]] | None = None) -> list[Piece]:
+    """Definition pieces for a whole document; ``defs_out`` (when given) receives every definition of the file
+    (:meth:`SyntaxChunker.collect_defs`).
 
     Raises:
         SyntaxFallback: no grammar, file too large, parse timeout/failure, syntax errors (policy ``lines``),
@@ -566,6 +594,10 @@ def chunk_syntax(doc: Doc, language: str, cfg: Any) -> list[Piece]:
     if root.has_error and cfg.on_syntax_error == "lines":
         raise SyntaxFallback("syntax_error")
     try:
-        return SyntaxChunker(doc, language, data, cfg).run(root)
+        chunker = SyntaxChunker(doc, language, data, cfg)
+        pieces = chunker.run(root)
+        if defs_out is not None:
+            defs_out.extend(chunker.collect_defs(root))
+        return pieces
     except RecursionError as e:
         raise SyntaxFallback("too_deep") from e

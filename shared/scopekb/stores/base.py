@@ -8,13 +8,14 @@ Adapters translate their library's errors into :mod:`scopekb.errors` (``Transien
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
 from scopekb.errors import ScopekbError
 from scopekb.models import Job, Source, utcnow
+from scopekb.textsearch import LiteralQuery
 
 
 class StoreVersionMismatch(RuntimeError):
@@ -52,6 +53,24 @@ class SearchFilter:
     ref: str | None = None
     languages: tuple[str, ...] = ()
     file_patterns: tuple[str, ...] = ()
+    #: ``(key, values)`` pairs: the chunk's metadata at ``key`` (nested keys joined by ``.``) equals one of
+    #: ``values`` (as text, :func:`scopekb.models.metadata_text`); every pair must match.
+    metadata: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class SymbolQuery:
+    """A definition lookup (``symbol`` mode) for :meth:`ChunkStore.symbol_candidates`.
+
+    ``text`` is compared lower-cased with the definitions' names (``field="name"``) or qualified paths
+    (``field="path"``, e.g. ``client.get``), equal or (``prefix``) as a prefix; ``kinds`` (lower-case) keeps
+    definitions of those kinds. Stores match case-insensitively; the caller verifies case and kind per definition.
+    """
+
+    text: str
+    field: str = "name"
+    prefix: bool = False
+    kinds: tuple[str, ...] = ()
 
 
 @dataclass
@@ -137,6 +156,16 @@ class ChunkStore(Protocol):
     def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0) -> list[RawHit]: ...
 
     def vector_search(self, vector: Sequence[float], flt: SearchFilter, k: int) -> list[RawHit]: ...
+
+    def literal_candidates(self, lq: LiteralQuery, flt: SearchFilter, limit: int) -> Iterator[RawHit]:
+        """Chunks within ``flt`` whose content may match ``lq`` (a superset of the exact answer), in the order
+        path, chunk index, then a store tie-break; at most ``limit``. Raw scores are 1.0."""
+        ...
+
+    def symbol_candidates(self, sq: SymbolQuery, flt: SearchFilter, limit: int) -> list[RawHit]:
+        """Chunks within ``flt`` defining a symbol that matches ``sq`` case-insensitively, at most ``limit``, in
+        the order path, chunk index. Raw scores are 1.0; the stored ``defs`` field lists the definitions."""
+        ...
 
 
 class RecordStore(Protocol):

@@ -27,7 +27,9 @@ from scopekb.stores.base import (
     ScopeFilter,
     SearchFilter,
     StoreVersionMismatch,
+    SymbolQuery,
 )
+from scopekb.textsearch import LiteralQuery
 
 log = get_logger(__name__)
 
@@ -136,7 +138,19 @@ def filter_clauses(flt: SearchFilter) -> list[dict[str, Any]]:
         globs = compile_globs(flt.file_patterns, CEILING)
         out.append({"bool": {"should": [{"wildcard": {F.PATH: {"value": w}}} for g in globs for w in g.wildcards],
                              "minimum_should_match": 1}})
+    for key, values in flt.metadata:  # flat_object: each leaf is a keyword at its dotted path
+        out.append({"terms": {f"{F.METADATA}.{key}": list(values)}})
     return out
+
+
+def _wildcard_literal(text: str) -> str:
+    """``text`` as the inside of a wildcard pattern (``*``, ``?`` and ``\\`` escaped)."""
+    return "".join("\\" + c if c in "*?\\" else c for c in text)
+
+
+#: Order of exact/regex/symbol candidates: path, chunk index, then the scope and content as tie-breaks.
+_TEXT_ORDER = [{F.PATH: "asc"}, {F.CHUNK_INDEX: "asc"}, {F.SOURCE_ID: "asc"}, {F.CONTEXT_ID: "asc"},
+               {F.AGENT_NAME: "asc"}, {F.CONTENT_SHA: "asc"}]
 
 
 #: OpenSearch root causes that mean "the query is too large": the caller's to fix.
@@ -681,3 +695,51 @@ class OpenSearchChunkStore:
         except TransportError as e:
             raise self._search_failure(e) from e
         return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]
+
+    def literal_candidates(self, lq: LiteralQuery, flt: SearchFilter, limit: int) -> Iterator[RawHit]:
+        """Chunks within ``flt`` whose ``content.wc`` (a ``wildcard`` field: 3-gram index, values verified by
+        OpenSearch) holds every literal of one group of ``lq`` (``*literal*`` wildcard queries, ASCII
+        ``case_insensitive`` when asked); all chunks of ``flt`` when ``lq.groups`` is empty. Pages of 500 by
+        ``search_after`` in path / chunk index order, at most ``limit``. Raises ``Transient``/``Refused``."""
+        clauses = filter_clauses(flt)
+        if lq.groups:
+            should = [{"bool": {"filter": [
+                {"wildcard": {F.CONTENT_WC: {"value": f"*{_wildcard_literal(lit)}*",
+                                             "case_insensitive": not lq.case_sensitive}}} for lit in g]}}
+                for g in lq.groups]
+            clauses.append({"bool": {"should": should, "minimum_should_match": 1}})
+        yield from self._ordered(clauses, limit)
+
+    def symbol_candidates(self, sq: SymbolQuery, flt: SearchFilter, limit: int) -> list[RawHit]:
+        """Chunks within ``flt`` whose ``def_names`` (or ``def_paths``) equal or start with ``sq.text``
+        lower-cased (keyword fields with a lower-case normalizer), optionally with a kind in ``sq.kinds``; at most
+        ``limit`` in path / chunk index order. Raises ``Transient``/``Refused``."""
+        field = F.DEF_PATHS if sq.field == "path" else F.DEF_NAMES
+        clauses = filter_clauses(flt)
+        clauses.append({"prefix" if sq.prefix else "term": {field: sq.text.lower()}})
+        if sq.kinds:
+            clauses.append({"terms": {F.DEF_KINDS: list(sq.kinds)}})
+        return list(self._ordered(clauses, limit))
+
+    def _ordered(self, clauses: list[dict[str, Any]], limit: int) -> Iterator[RawHit]:
+        after: list[Any] | None = None
+        seen = 0
+        while seen < limit:
+            size = min(500, limit - seen)
+            body: dict[str, Any] = {"size": size, "query": {"bool": {"filter": clauses}}, "sort": _TEXT_ORDER,
+                                    "track_total_hits": False, "_source": {"excludes": [F.EMBEDDING]}}
+            if after is not None:
+                body["search_after"] = after
+            try:
+                res = self.client.search(index=self.alias, body=body, params=_WHOLE_RESULTS)
+            except NotFoundError:
+                return
+            except TransportError as e:
+                raise self._search_failure(e) from e
+            hits = res["hits"]["hits"]
+            for h in hits:
+                yield h["_id"], 1.0, h["_source"]
+            seen += len(hits)
+            if len(hits) < size:
+                return
+            after = hits[-1]["sort"]

@@ -10,7 +10,7 @@ import json
 import math
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,14 +19,23 @@ import numpy as np
 
 from scopekb import fields as F
 from scopekb.logging import get_logger
-from scopekb.stores.base import BulkReport, RawHit, ScopeFilter, SearchFilter, StoreVersionMismatch
+from scopekb.stores.base import (
+    BulkReport,
+    RawHit,
+    ScopeFilter,
+    SearchFilter,
+    StoreVersionMismatch,
+    SymbolQuery,
+)
 from scopekb.stores.sqlite.db import Connections, table_exists
 from scopekb.stores.sqlite.text import fts_text, query_tokens
+from scopekb.textsearch import MIN_LITERAL, LiteralQuery
 
 log = get_logger("scopekb.stores.sqlite")
 
 #: Bumped whenever the tables or the tokenisation change; a database of another version is refused.
-SCHEMA_VERSION = 1
+#: 2: trigram table ``chunks_tri`` (exact/regex candidates), ``chunk_defs`` (symbols), ``chunk_meta`` (metadata).
+SCHEMA_VERSION = 2
 
 #: bm25() column weights in FTS column order (symbol, signature, content, path), as in ``F.KEYWORD_FIELDS``.
 BM25_WEIGHTS = (5.0, 3.0, 1.0, 2.0)
@@ -35,7 +44,10 @@ _KEYWORD = frozenset({F.AGENT_NAME, F.CONTEXT_ID, F.SOURCE_ID, F.REPO, F.REF, F.
                       F.CONTENT_SHA, F.BLOB_SHA, F.EMBEDDING_MODEL})
 _TEXT = frozenset({F.SYMBOL, F.SIGNATURE, F.CONTENT})
 _INT = frozenset({F.CHUNK_INDEX, F.START_LINE, F.END_LINE})
-_KNOWN = _KEYWORD | _TEXT | _INT | {F.METADATA, F.INDEXED_AT, F.EMBEDDING, F.REFS}
+_KNOWN = _KEYWORD | _TEXT | _INT | {F.METADATA, F.INDEXED_AT, F.EMBEDDING, F.REFS, F.DEFS, F.DEF_NAMES, F.DEF_PATHS,
+                                     F.DEF_KINDS}
+#: The highest code point: ``x >= p AND x < p || _TOP`` is "x starts with p" on an index (BINARY collation).
+_TOP = chr(0x10FFFF)
 
 _DIRECT_READ_MAX = 4096  # filtered kNN over at most this many rows reads their vectors directly, else via the cache
 
@@ -62,6 +74,18 @@ _CHUNK_DDL = (
     "CREATE INDEX IF NOT EXISTS chunk_refs_chunk ON chunk_refs (chunk)",
     "CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5("
     " symbol, signature, content, path, tokenize = \"ascii tokenchars '_'\")",
+    # Exact/regex candidates: content by 3-grams, ASCII case folded (a superset; lines are verified in Python).
+    # (detail=full: substring MATCH is a phrase query, which detail=none/column refuse)
+    "CREATE VIRTUAL TABLE IF NOT EXISTS chunks_tri USING fts5(content, tokenize = 'trigram case_sensitive 0')",
+    # Definitions for symbol search: name and qualified path lower-cased, kind.
+    "CREATE TABLE IF NOT EXISTS chunk_defs (rowid INTEGER NOT NULL, name TEXT, path TEXT, kind TEXT)",
+    "CREATE INDEX IF NOT EXISTS chunk_defs_name ON chunk_defs (name)",
+    "CREATE INDEX IF NOT EXISTS chunk_defs_path ON chunk_defs (path)",
+    "CREATE INDEX IF NOT EXISTS chunk_defs_rowid ON chunk_defs (rowid)",
+    # Metadata leaves at their dotted keys, values as text (like OpenSearch's flat_object).
+    "CREATE TABLE IF NOT EXISTS chunk_meta (rowid INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS chunk_meta_kv ON chunk_meta (key, value)",
+    "CREATE INDEX IF NOT EXISTS chunk_meta_rowid ON chunk_meta (rowid)",
 )
 
 
@@ -162,7 +186,8 @@ class SqliteChunkStore:
     def drop(self) -> None:
         """Delete every chunk table (a reindex then starts from :meth:`ensure_index`); other tables are kept."""
         with self._db.write() as conn:
-            for t in ("chunks_fts", "chunk_vectors", "chunk_docs", "chunks", "scopekb_meta"):
+            for t in ("chunks_fts", "chunks_tri", "chunk_defs", "chunk_meta", "chunk_vectors", "chunk_docs", "chunks",
+                      "scopekb_meta"):
                 conn.execute(f"DROP TABLE IF EXISTS {t}")
         self._ready = False
         with self._cache_lock:
@@ -241,6 +266,7 @@ class SqliteChunkStore:
                     rowid = int(cur.lastrowid or 0)
                     conn.execute("INSERT INTO chunk_docs (rowid, doc) VALUES (?, ?)", (rowid, p["doc"]))
                     self._insert_fts(conn, rowid, p)
+                    self._insert_aux(conn, rowid, p)
                 else:
                     rowid = old[0]
                     conn.execute(
@@ -250,7 +276,11 @@ class SqliteChunkStore:
                     conn.execute("INSERT OR REPLACE INTO chunk_docs (rowid, doc) VALUES (?, ?)", (rowid, p["doc"]))
                     if old[2] != p["fts_key"]:
                         conn.execute("DELETE FROM chunks_fts WHERE rowid = ?", (rowid,))
+                        conn.execute("DELETE FROM chunks_tri WHERE rowid = ?", (rowid,))
                         self._insert_fts(conn, rowid, p)
+                    conn.execute("DELETE FROM chunk_defs WHERE rowid = ?", (rowid,))
+                    conn.execute("DELETE FROM chunk_meta WHERE rowid = ?", (rowid,))
+                    self._insert_aux(conn, rowid, p, tri=old[2] != p["fts_key"])
                 conn.execute("DELETE FROM chunk_refs WHERE chunk = ?", (rowid,))
                 conn.executemany("INSERT OR IGNORE INTO chunk_refs (ref, chunk) VALUES (?, ?)",
                                  [(r, rowid) for r in p["refs"]])
@@ -272,6 +302,18 @@ class SqliteChunkStore:
         conn.execute("INSERT INTO chunks_fts (rowid, symbol, signature, content, path) VALUES (?, ?, ?, ?, ?)",
                      (rowid, fts_text(p["text"][0]), fts_text(p["text"][1]), fts_text(p["text"][2]),
                       fts_text(p["text"][3])))
+
+    @staticmethod
+    def _insert_aux(conn: sqlite3.Connection, rowid: int, p: dict[str, Any], tri: bool = True) -> None:
+        """The trigram row (when ``tri``), definition rows and metadata rows of one chunk."""
+        if tri:
+            conn.execute("INSERT INTO chunks_tri (rowid, content) VALUES (?, ?)", (rowid, p["text"][2] or ""))
+        if p["defs"]:
+            conn.executemany("INSERT INTO chunk_defs (rowid, name, path, kind) VALUES (?, ?, ?, ?)",
+                             [(rowid, *d) for d in p["defs"]])
+        if p["meta"]:
+            conn.executemany("INSERT INTO chunk_meta (rowid, key, value) VALUES (?, ?, ?)",
+                             [(rowid, k, v) for k, v in p["meta"]])
 
     @staticmethod
     def _bump_vec_gen(conn: sqlite3.Connection) -> None:
@@ -320,6 +362,15 @@ class SqliteChunkStore:
         meta = d.get(F.METADATA)
         if meta is not None and not isinstance(meta, dict):
             raise _Rejected(f"field {F.METADATA} must be an object, got {type(meta).__name__}")
+        out["meta"] = F.flatten_metadata(meta) if meta else []
+        defs = d.get(F.DEFS)
+        if defs is not None and not (isinstance(defs, list) and all(isinstance(x, dict) for x in defs)):
+            raise _Rejected(f"field {F.DEFS} must be a list of objects")
+        if F.DEF_NAMES not in d:  # a document without the derived fields: derive them (as the writer does)
+            defs = F.def_fields(defs, d.get(F.SYMBOL), d.get(F.KIND), d.get(F.SIGNATURE), d.get(F.START_LINE))[F.DEFS]
+        out["defs"] = list(dict.fromkeys(
+            (str(x.get("name") or "").lower(), str(x.get("path") or "").lower(), str(x.get("kind") or ""))
+            for x in defs or [] if x.get("name")))
         when = d.get(F.INDEXED_AT)
         if when is not None:
             try:
@@ -402,6 +453,9 @@ class SqliteChunkStore:
             conn.executemany("DELETE FROM chunk_refs WHERE chunk = ?", gone)
             conn.executemany("DELETE FROM chunk_docs WHERE rowid = ?", gone)
             conn.executemany("DELETE FROM chunks_fts WHERE rowid = ?", gone)
+            conn.executemany("DELETE FROM chunks_tri WHERE rowid = ?", gone)
+            conn.executemany("DELETE FROM chunk_defs WHERE rowid = ?", gone)
+            conn.executemany("DELETE FROM chunk_meta WHERE rowid = ?", gone)
             if any(r[2] for r in rows if r[1] not in keep):
                 conn.executemany("DELETE FROM chunk_vectors WHERE rowid = ?", gone)
                 self._bump_vec_gen(conn)
@@ -618,6 +672,57 @@ class SqliteChunkStore:
             rows = conn.execute(sql, [match, *args, size, max(0, offset)]).fetchall()
         return [(r[0], float(r[1]), json.loads(r[2])) for r in rows]
 
+    def literal_candidates(self, lq: LiteralQuery, flt: SearchFilter, limit: int) -> Iterator[RawHit]:
+        """Chunks within ``flt`` whose content holds every literal of one group of ``lq`` by the trigram table
+        (``MATCH`` of quoted phrases; literals shorter than 3 characters cannot use it: then every chunk of
+        ``flt`` is a candidate), in path / chunk index / rowid order, at most ``limit``; documents are read in
+        batches of 200."""
+        where, args = _filter_sql(flt)
+        if lq.groups and all(len(x) >= MIN_LITERAL for g in lq.groups for x in g):
+            match = " OR ".join("(" + " AND ".join('"' + x.replace('"', '""') + '"' for x in g) + ")"
+                                for g in lq.groups)
+            sql = (f"SELECT c.rowid FROM chunks_tri t JOIN chunks c ON c.rowid = t.rowid WHERE chunks_tri MATCH ?"
+                   f" AND {where} ORDER BY c.path, c.chunk_index, c.rowid LIMIT ?")
+            params: list[Any] = [match, *args, limit]
+        else:
+            sql = f"SELECT c.rowid FROM chunks c WHERE {where} ORDER BY c.path, c.chunk_index, c.rowid LIMIT ?"
+            params = [*args, limit]
+        with self._db.read() as conn:
+            if not self._readable(conn):
+                return
+            rowids = [r[0] for r in conn.execute(sql, params)]
+        yield from self._docs_in_order(rowids)
+
+    def symbol_candidates(self, sq: SymbolQuery, flt: SearchFilter, limit: int) -> list[RawHit]:
+        """Chunks within ``flt`` with a definition whose lower-cased name (or path) equals or starts with
+        ``sq.text`` lower-cased (an index range), of a kind in ``sq.kinds`` when given; at most ``limit`` in path /
+        chunk index order."""
+        where, args = _filter_sql(flt)
+        col = "s.path" if sq.field == "path" else "s.name"
+        text = sq.text.lower()
+        cond, cargs = (f"{col} >= ? AND {col} < ?", [text, text + _TOP]) if sq.prefix else (f"{col} = ?", [text])
+        if sq.kinds:
+            cond += f" AND s.kind IN ({','.join('?' * len(sq.kinds))})"
+            cargs.extend(sq.kinds)
+        sql = (f"SELECT c.rowid FROM chunks c WHERE c.rowid IN (SELECT s.rowid FROM chunk_defs s WHERE {cond})"
+               f" AND {where} ORDER BY c.path, c.chunk_index, c.rowid LIMIT ?")
+        with self._db.read() as conn:
+            if not self._readable(conn):
+                return []
+            rowids = [r[0] for r in conn.execute(sql, [*cargs, *args, limit])]
+        return list(self._docs_in_order(rowids))
+
+    def _docs_in_order(self, rowids: list[int]) -> Iterator[RawHit]:
+        for i in range(0, len(rowids), 200):
+            part = rowids[i:i + 200]
+            with self._db.read() as conn:
+                got = {r[0]: (r[1], r[2]) for r in conn.execute(
+                    "SELECT c.rowid, c.id, d.doc FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid"
+                    f" WHERE c.rowid IN ({','.join('?' * len(part))})", part)}
+            for rid in part:
+                if rid in got:  # deleted since the candidates were listed
+                    yield got[rid][0], 1.0, json.loads(got[rid][1])
+
     def vector_search(self, vector: Sequence[float], flt: SearchFilter, k: int) -> list[RawHit]:
         """Exact cosine kNN within ``flt``: the ``k`` nearest matching chunks (all of them when fewer match).
 
@@ -747,4 +852,8 @@ def _filter_sql(flt: SearchFilter) -> tuple[str, list[Any]]:
     if flt.file_patterns:
         where.append("(" + " OR ".join("scopekb_glob(c.path, ?)" for _ in flt.file_patterns) + ")")
         args.extend(flt.file_patterns)
+    for key, values in flt.metadata:
+        where.append("c.rowid IN (SELECT m.rowid FROM chunk_meta m WHERE m.key = ? AND m.value IN"
+                     f" ({','.join('?' * len(values))}))")
+        args.extend([key, *values])
     return " AND ".join(where), args
