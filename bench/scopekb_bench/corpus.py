@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import re
 import shutil
 import subprocess
 import tarfile
@@ -25,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scopekb.evalsets import dedupe, docstring_pairs, strip_docstrings
 from scopekb.realrepo import build_release_repo, fetch_sdist, git
 from scopekb_bench.util import REPO, log
 
@@ -163,108 +163,12 @@ class Project:
     package_dir: str
 
 
-def _docstring_node(node: ast.AST) -> ast.Expr | None:
-    body = getattr(node, "body", None)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        return body[0]
-    return None
-
-
-def strip_docstrings(src: str) -> str:
-    """``src`` without module, class and function docstrings (the lines they occupy are removed; a body left
-    empty gets ``pass``). Raises SyntaxError for code that does not parse."""
-    tree = ast.parse(src)
-    lines = src.split("\n")
-    remove: set[int] = set()
-    replace: dict[int, str] = {}
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
-        d = _docstring_node(node)
-        if d is None:
-            continue
-        first, last = d.lineno, d.end_lineno or d.lineno
-        before = lines[first - 1].encode()[:d.col_offset].decode(errors="replace")
-        after = lines[last - 1].encode()[d.end_col_offset:].decode(errors="replace")
-        if before.strip() or after.strip():
-            continue  # shares a line with code: leave it
-        remove.update(range(first, last + 1))
-        if len(node.body) == 1 and not isinstance(node, ast.Module):
-            replace[first] = " " * d.col_offset + "pass"
-    out = [replace[i] if i in replace else ln for i, ln in enumerate(lines, 1) if i not in remove or i in replace]
-    text = "\n".join(out)
-    ast.parse(text)
-    return text
-
-
-def first_paragraph(doc: str) -> str:
-    """The first paragraph of a cleaned docstring, on one line."""
-    para = re.split(r"\n\s*\n", doc.strip(), maxsplit=1)[0]
-    return " ".join(para.split())
-
-
-def _functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
-    """Module-level functions and methods of module-level classes, with qualified names."""
-    out = []
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            out.append((node.name, node))
-        elif isinstance(node, ast.ClassDef):
-            for sub in node.body:
-                if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef):
-                    out.append((f"{node.name}.{sub.name}", sub))
-    return out
-
-
-def _pairs_for_file(path: str, original: str, stripped: str) -> list[dict[str, Any]]:
-    """Candidate pairs of one file (before the corpus-wide duplicate filter)."""
-    orig_defs = _functions(ast.parse(original))
-    new_defs = _functions(ast.parse(stripped))
-    counts: dict[str, int] = {}
-    for q, _ in new_defs:
-        counts[q] = counts.get(q, 0) + 1
-    where = {q: n for q, n in new_defs if counts[q] == 1}
-    stripped_lines = stripped.split("\n")
-    out = []
-    for qual, node in orig_defs:
-        doc = ast.get_docstring(node)
-        name = qual.rsplit(".", 1)[-1]
-        if not doc or qual not in where:
-            continue
-        if "test" in name.lower() or (name.startswith("__") and name.endswith("__")):
-            continue  # CodeSearchNet drops tests, constructors and standard extension methods
-        query = first_paragraph(doc)
-        if len(query.split()) < 3 or len(query) > 2000:
-            continue  # CodeSearchNet drops docstrings shorter than three tokens
-        target = where[qual]
-        start = min([target.lineno, *(d.lineno for d in target.decorator_list)])
-        end = target.end_lineno or target.lineno
-        if end - target.lineno + 1 < 3:
-            continue  # functions shorter than three lines
-        code = "\n".join(stripped_lines[start - 1:end])
-        out.append({"path": path, "function": qual, "query": query, "start_line": start, "end_line": end,
-                    "code_sha": hashlib.sha256(" ".join(code.split()).encode()).hexdigest()})
-    return out
-
-
 def _unpack(package: str, version: str, into: Path) -> Path:
     archive = fetch_sdist(package, version, SDISTS)
     with tarfile.open(archive) as t:
         t.extractall(into, filter="data")
     tops = [p for p in into.iterdir() if p.is_dir()]
     return tops[0] if len(tops) == 1 else into
-
-
-def _dedupe(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drop every pair whose query text or function code occurs more than once in the corpus."""
-    q_count: dict[str, int] = {}
-    c_count: dict[str, int] = {}
-    for p in pairs:
-        q = p["query"].lower()
-        q_count[q] = q_count.get(q, 0) + 1
-        c_count[p["code_sha"]] = c_count.get(p["code_sha"], 0) + 1
-    return [p for p in pairs if q_count[p["query"].lower()] == 1 and c_count[p["code_sha"]] == 1]
 
 
 def eval_repo(projects: list[Project]) -> Built:
@@ -308,7 +212,7 @@ def eval_repo(projects: list[Project]) -> Built:
                     out.write_text(stripped, encoding="utf-8")
                     n_files += 1
                     if last_step:
-                        found = _pairs_for_file(rel, original, stripped)
+                        found = docstring_pairs(rel, original, stripped)
                         for pr in found:
                             pr["project"] = proj.name
                         pairs.extend(found)
@@ -320,7 +224,7 @@ def eval_repo(projects: list[Project]) -> Built:
         git(dest, "commit", "--quiet", "--allow-empty", "-m",
             "eval corpus: " + ", ".join(f"{p.name} {p.versions[min(i, len(p.versions) - 1)]}" for p in projects))
         commits.append(git(dest, "rev-parse", "HEAD"))
-    pairs = _dedupe(pairs)
+    pairs = dedupe(pairs)
     for row in info:
         row["pairs"] = sum(1 for p in pairs if p["project"] == row["project"])
     edit = _make_edit(dest, commits[-1], key)

@@ -17,13 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scopekb.evalsets import first_paragraph
 from scopekb.indexing import run_sync
 from scopekb.models import SearchMode, SearchRequest, Source
 from scopekb.runtime import build_embedded_runtime
 from scopekb.search import run_search
 from scopekb.settings import QuerySettings, Settings
 from scopekb.stores.base import ScopeFilter
-from scopekb_bench.corpus import first_paragraph, show
+from scopekb_bench.corpus import show
 from scopekb_bench.util import log, summary
 
 

@@ -462,7 +462,8 @@ def search(query: str,
     except ValidationError as e:
         raise CliError("; ".join(one_line(str(x.get("msg")), 300) for x in e.errors())) from None
     try:
-        resp = run_search(rt.chunks, req, scope, s.query, embed=rt.embed_query if rt.embedder is not None else None)
+        resp = run_search(rt.chunks, req, scope, s.query, embed=rt.embed_query if rt.embedder is not None else None,
+                          records=rt.records)
     except SearchUnavailable as e:
         raise CliError(str(e)) from None
     if as_json:
@@ -492,6 +493,60 @@ def search(query: str,
         err.print(one_line(resp.notice, 2000), markup=False, highlight=False)
 
 
+@app.command("eval")
+def eval_cmd(source_id: Annotated[str, typer.Argument(help="a registered git source id")],
+             sample: Annotated[int, typer.Option(min=1, max=2000, help="queries per set (at most)")] = 100,
+             kind: Annotated[list[str] | None, typer.Option("--set", help="history and/or docstring (default: both)")
+                             ] = None,
+             tune: Annotated[bool, typer.Option(help="choose the context's hybrid weights from the sets and record "
+                                                     "them (applied only when the gain's 95% interval excludes 0)")
+                             ] = False,
+             as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Measure retrieval quality of a source on sets mined from its own repository: commit subjects → the
+    definitions they changed (at the parent commit) and docstrings → functions (docstrings removed). Reports
+    NDCG@10, MRR@10, Hit@1 and Hit@10 per mode with 95% bootstrap intervals."""
+    from scopekb import evaluation, tuning
+    from scopekb.evalsets import METRICS
+
+    kinds = tuple(kind or evaluation.KINDS)
+    bad = [k for k in kinds if k not in evaluation.KINDS]
+    if bad:
+        raise CliError(f"unknown set {bad[0]!r}; choose from {', '.join(evaluation.KINDS)}")
+    rt = _rt()
+    src = ops.get_source(rt, source_id)
+    _embedding_banner(rt)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err,
+                  transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(f"{phase} set", total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        head, sets = evaluation.build_and_search(rt, src, sample=sample, kinds=kinds, progress=progress)
+    if not sets:
+        raise CliError("no evaluation query could be mined from this repository (no qualifying commit or "
+                       "documented Python function)")
+    model = rt.embedder.model_id if rt.embedder is not None else None
+    rep = evaluation.report(src, head, sets, store=getattr(rt.chunks, "kind", "?"), model=model)
+    if tune:
+        rep["choice"] = tuning.record_choice(rt.records, src, tuning.choose(sets, rt.settings.query), head)
+    if as_json:
+        out.print_json(json.dumps(rep))
+        return
+    t = Table("set", "queries", "mode", "NDCG@10", "MRR@10", "Hit@1", "Hit@10",
+              title=Text(f"eval {one_line(src.repo_name or src.repo_url)} @ {head[:12]} (95% bootstrap intervals)"),
+              title_justify="left")
+    for k, d in rep["sets"].items():
+        for m, met in d["modes"].items():
+            _add_row(t, k, str(d["queries"]), m, *(f"{met[x]['mean']:.3f} ({met[x]['ci95'][0]:.3f}–"
+                                                  f"{met[x]['ci95'][1]:.3f})" for x in METRICS))
+    out.print(t)
+    if tune:
+        out.print(Text(tuning.describe(rep["choice"])))
+
+
 @app.command()
 def read(path: Annotated[str, typer.Argument(help="a search hit's path")],
          blob_sha: Annotated[str, typer.Argument(help="the hit's blob_sha")],
@@ -517,21 +572,24 @@ def read(path: Annotated[str, typer.Argument(help="a search hit's path")],
 
 @app.command()
 def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Sources with their indexed commit, documents and chunks."""
+    """Sources with their indexed commit, documents, chunks and ranking choice (``scopekb eval --tune``)."""
+    from scopekb import tuning
+
     rt = _rt()
     rows = []
     for src in rt.records.list_sources():
         st = rt.chunks.source_stats(src.id)
         rows.append({"source": src.id, "scope": f"{src.agent_name}/{src.context_id}", "repo": src.repo_name
                      or src.repo_url, "ref": src.ref, "indexed_commit": rt.records.indexed_commit(src.id),
-                     **st})
+                     **st, "ranking": tuning.describe(tuning.get_choice(rt.records, src.agent_name,
+                                                                        src.context_id))})
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    t = Table("source", "scope", "repo", "ref", "indexed commit", "documents", "chunks")
+    t = Table("source", "scope", "repo", "ref", "indexed commit", "documents", "chunks", "ranking")
     for r in rows:
         _add_row(t, r["source"], r["scope"], str(r["repo"]), r["ref"], (r["indexed_commit"] or "-")[:12],
-                  str(r["documents"]), str(r["chunks"]))
+                  str(r["documents"]), str(r["chunks"]), r["ranking"])
     out.print(t)
     if not rows:
         out.print("No sources yet: `scopekb index PATH` indexes a folder or git repository.")

@@ -50,6 +50,11 @@ MAPPING_VERSION = 4
 #: BM25 field boosts (the Turso seed weights name 5.0 and signature 3.0 over content).
 KEYWORD_FIELDS = [f"{SYMBOL}^5", f"{SIGNATURE}^3", CONTENT, f"{PATH_TEXT}^2"]
 
+#: The OpenSearch ``multi_match`` of keyword search (besides ``query``): the fields searched as one field
+#: (``cross_fields``, term by term: best field + 0.3 × the others), which is what FTS5's ``bm25()`` over the columns of
+#: the SQLite store does; measured against ``best_fields`` in issue 21 (docs/benchmarks.md).
+KEYWORD_MATCH: dict[str, Any] = {"fields": KEYWORD_FIELDS, "type": "cross_fields", "tie_breaker": 0.3}
+
 CODE_ANALYZER = "scopekb_code"
 CODE_SEARCH_ANALYZER = "scopekb_code_search"
 LOWER_NORMALIZER = "scopekb_lower"

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from scopekb import fields as F
-from scopekb import scoring
+from scopekb import scoring, tuning
 from scopekb.errors import Refused
 from scopekb.models import LINE_MODES, SearchHit, SearchMode, SearchRequest, SearchResponse
 from scopekb.patterns import PatternRefused, compile_globs
@@ -49,6 +49,10 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     means that ref) and every hit names that ref and its indexed commit. Without a ``ref``, a hit names the ref
     and commit it was written for.
 
+    ``records``: where a context's ranking choice is recorded (:mod:`scopekb.tuning`, ``scopekb eval --tune``);
+    a hybrid search of exactly one context with an applied choice uses its weights (and its fusion, unless the
+    request names ``fusion``). None: the settings' weights.
+
     ``max_results`` is capped at ``cfg.max_results_cap``; hits under ``min_score`` are dropped. No hit is an
     empty, successful response.
 
@@ -79,7 +83,8 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     elif req.mode == SearchMode.symbol:
         hits, notice = _symbol_search(store, req, flt, cfg, size)
     else:
-        hits, notice = _ranked_search(store, req, flt, cfg, size, embed)
+        chosen = tuning.ranking_for(records, scope) if req.mode == SearchMode.hybrid else None
+        hits, notice = _ranked_search(store, req, flt, cfg, size, embed, chosen)
     if refs is not None and ref:
         hits = [h.model_copy(update={"ref": ref, "commit": refs.commit(h.source_id, ref) or h.commit})
                 for h in hits]
@@ -88,8 +93,10 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
 
 
 def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg: QuerySettings, size: int,
-                   embed: QueryEmbedder | None) -> tuple[list[SearchHit], str | None]:
-    """keyword / vector / hybrid: scores normalised to [0, 1] (DESIGN §5), best first."""
+                   embed: QueryEmbedder | None, chosen: tuning.Fusion | None = None
+                   ) -> tuple[list[SearchHit], str | None]:
+    """keyword / vector / hybrid: scores normalised to [0, 1] (DESIGN §5), best first. ``chosen``: the context's
+    applied ranking choice (:func:`scopekb.tuning.ranking_for`), else the settings' weights."""
     depth = max(size * cfg.candidate_factor, size)
     docs: dict[str, dict[str, Any]] = {}
     notice = None
@@ -114,10 +121,13 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
             kw = store.keyword_search(req.query, flt, depth)
             docs.update({i: d for i, _, d in kw})
             kw_list, vec_list = [(i, s) for i, s, _ in kw], [(i, s) for i, s, _ in vh]
-            if req.fusion == "rrf":
+            fusion = req.fusion if chosen is None or "fusion" in req.model_fields_set else chosen.fusion
+            kw_w, vec_w = (cfg.keyword_weight, cfg.vector_weight) if chosen is None else (
+                chosen.keyword_weight, chosen.vector_weight)
+            if fusion == "rrf":
                 ranked = scoring.rrf_fusion(kw_list, vec_list)
             else:
-                ranked = scoring.weighted_fusion(kw_list, vec_list, cfg.keyword_weight, cfg.vector_weight)
+                ranked = scoring.weighted_fusion(kw_list, vec_list, kw_w, vec_w)
     return [_hit(docs[i], score) for i, score in ranked if round(score, 6) >= req.min_score][:size], notice
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scopekb import tuning
 from scopekb.models import Source, utcnow
 from scopekb.refs import ref_heads
 from scopekb.stores.base import ChunkStore, RecordStore
@@ -13,7 +14,9 @@ def source_status(records: RecordStore, chunks: ChunkStore, src: Source) -> dict
     """State, documents, chunks, indexed commit and lag of one source.
 
     ``status`` is INDEXING while its newest job runs, ERROR when that job failed, EMPTY without chunks, else
-    READY. ``behind_last_push`` is true when the newest job's target commit is not the indexed one (a sync is
+    READY. ``ranking`` says which hybrid fusion the source's context uses (:func:`scopekb.tuning.describe`), and
+    ``ranking_choice`` is the recorded choice (None before ``scopekb eval --tune``). ``behind_last_push`` is true
+    when the newest job's target commit is not the indexed one (a sync is
     pending, running, or ended partial and will be retried). ``last_job`` is the newest job record, or None.
     """
     stats = chunks.source_stats(src.id)
@@ -28,10 +31,12 @@ def source_status(records: RecordStore, chunks: ChunkStore, src: Source) -> dict
         status = "EMPTY"
     else:
         status = "READY"
+    choice = tuning.get_choice(records, src.agent_name, src.context_id)
     behind = bool(last is not None and last.to_commit and last.to_commit != state.get("commit"))
     return {"status": status, "indexed_commit": state.get("commit"), "indexed_at": state.get("indexed_at"),
             "behind_last_push": behind, "refs": ref_report(state, src, last), **stats,
-            "last_job": last.model_dump(mode="json") if last else None}
+            "last_job": last.model_dump(mode="json") if last else None,
+            "ranking": tuning.describe(choice), "ranking_choice": choice}
 
 
 def ref_report(state: dict[str, Any], src: Source, last: Any) -> list[dict[str, Any]]:

@@ -356,7 +356,7 @@ class Console:
                 raise ValueError("choose the agent whose scope to search")
             scope = ScopeFilter(agent, (req.context_id,) if req.context_id else None)
         return run_search(self.rt.chunks, req, scope, self.settings.query,
-                          embed=self.rt.embed_query if self.rt.embedder is not None else None)
+                          embed=self.rt.embed_query if self.rt.embedder is not None else None, records=self.rt.records)
 
     def health(self, request: Request) -> HTMLResponse:
         viewer = self.admin_page(request)

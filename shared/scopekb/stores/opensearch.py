@@ -651,14 +651,18 @@ class OpenSearchChunkStore:
         return dict(hits[0]["_source"]) if hits else None
 
     def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0) -> list[RawHit]:
-        """BM25 over symbol^5, signature^3, content and path, within ``filters``.
+        """BM25 over symbol^5, signature^3, content and path^2 (:data:`F.KEYWORD_MATCH`), within ``filters``.
 
-        Returns ``(doc id, raw BM25 score, _source)`` best first; ties are broken by ``_id`` so pages are stable.
+        The fields are searched as one (``cross_fields``: each query term scores by its best field plus 0.3 of
+        the others), like the SQLite store's FTS5 ``bm25()`` over all its columns; ``best_fields`` (the best field
+        for the whole query) lost NDCG@10 0.442 → 0.533 and 0.609 → 0.684 on two docstring sets (issue 21,
+        docs/benchmarks.md). Returns ``(doc id, raw BM25 score, _source)`` best first; ties are broken by
+        content sha, chunk index and path so pages are stable.
         """
         body = {
             "size": size, "from": offset,
             "query": {"bool": {"filter": filter_clauses(flt), "must": [{"multi_match": {
-                "query": query, "fields": F.KEYWORD_FIELDS, "type": "best_fields", "tie_breaker": 0.3}}]}},
+                "query": query, **F.KEYWORD_MATCH}}]}},
             "sort": [{"_score": "desc"}, {F.CONTENT_SHA: "asc"}, {F.CHUNK_INDEX: "asc"}, {F.PATH: "asc"},
                      {F.SOURCE_ID: "asc"}, {F.CONTEXT_ID: "asc"}, {F.AGENT_NAME: "asc"}],
             "track_scores": True,

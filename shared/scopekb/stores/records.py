@@ -25,6 +25,7 @@ _KEYWORD_FIELDS: dict[str, list[str]] = {
     "state": ["source_id", "commit"],
     "keys": ["id", "agent_name", "key_hash", "context_ids", "role"],
     "deadletters": ["id", "task"],
+    "ranking": ["agent_name", "context_id", "source_id"],  # per-context ranking choice (scopekb.tuning)
 }
 _DATE_FIELDS = {"created_at", "started_at", "finished_at", "indexed_at", "revoked_at", "replayed_at"}
 

@@ -1,0 +1,148 @@
+"""Per-context ranking choice (issue 21): hybrid weights or RRF chosen from the context's own evaluation sets.
+
+:func:`choose` scores every candidate fusion on the sets of :mod:`scopekb.evaluation` (all queries pooled) and
+keeps the best by mean NDCG@10; it is *applied* only when its paired gain over the default (``query.keyword_weight``
+/ ``query.vector_weight``, weighted) has a 95% bootstrap interval above 0. :func:`record_choice` stores the outcome
+as a ``ranking`` record keyed by the scope, whether applied or not (status shows both); :func:`ranking_for` reads
+it for a search of exactly one context (cached for :data:`CACHE_S` seconds per process).
+
+A request that names ``fusion`` explicitly keeps it; only the weights and the default fusion follow the choice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from scopekb import evalsets
+from scopekb.models import Source, utcnow
+from scopekb.settings import QuerySettings
+from scopekb.stores.base import RecordStore, ScopeFilter
+
+KIND = "ranking"
+#: A recorded choice is re-read at most this often per process (a new ``scopekb eval --tune`` shows within it).
+CACHE_S = 30.0
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """A candidate: ``fusion`` ``weighted`` with its two weights, or ``rrf`` (weights unused)."""
+
+    fusion: str
+    keyword_weight: float
+    vector_weight: float
+
+    @property
+    def name(self) -> str:
+        return "rrf" if self.fusion == "rrf" else f"weighted {self.keyword_weight:.1f}/{self.vector_weight:.1f}"
+
+
+#: Candidates: keyword weight 0.0 … 1.0 by 0.1 (vector weight the rest), and RRF (k = 60).
+CANDIDATES = tuple(Fusion("weighted", round(w / 10, 1), round(1 - w / 10, 1)) for w in range(11)) \
+    + (Fusion("rrf", 0.0, 0.0),)
+
+
+def _scores(sets: list[Any], f: Fusion) -> list[float]:
+    from scopekb.evaluation import per_query
+
+    mode = "rrf" if f.fusion == "rrf" else "hybrid"
+    return [q["ndcg10"] for es in sets for q in per_query(es, mode, f.keyword_weight, f.vector_weight)]
+
+
+def choose(sets: list[Any], cfg: QuerySettings) -> dict[str, Any]:
+    """The best candidate fusion on ``sets`` (a list of :class:`scopekb.evaluation.EvalSet`) against the default.
+
+    Returns ``{"fusion", "keyword_weight", "vector_weight", "applied", "gain", "ci95", "ndcg10", "default_ndcg10",
+    "queries", "default": {...}}``; ``applied`` is True only when the gain's 95% paired bootstrap interval lies
+    above 0. Keyword-only sets (no vector lists) choose nothing: ``applied`` False and the default kept.
+    """
+    default = Fusion("weighted", cfg.keyword_weight, cfg.vector_weight)
+    n = sum(len(es.queries) for es in sets)
+    base = _scores(sets, default)
+    out: dict[str, Any] = {"fusion": default.fusion, "keyword_weight": default.keyword_weight,
+                           "vector_weight": default.vector_weight, "applied": False, "gain": 0.0, "ci95": [0.0, 0.0],
+                           "ndcg10": float(sum(base) / n) if n else 0.0, "queries": n,
+                           "default": {"fusion": default.fusion, "keyword_weight": default.keyword_weight,
+                                       "vector_weight": default.vector_weight}}
+    out["default_ndcg10"] = out["ndcg10"]
+    if not n or not any(ls.vector for es in sets for ls in es.lists):
+        out["reason"] = "keyword-only index: nothing to choose"
+        return out
+    best, best_scores = default, base
+    for f in CANDIDATES:
+        s = _scores(sets, f)
+        if sum(s) > sum(best_scores) + 1e-9:
+            best, best_scores = f, s
+    mean, lo, hi = evalsets.paired_gain(best_scores, base)
+    out.update(fusion=best.fusion, keyword_weight=best.keyword_weight, vector_weight=best.vector_weight,
+               gain=mean, ci95=[lo, hi], ndcg10=float(sum(best_scores) / n), applied=bool(lo > 0))
+    if not out["applied"]:
+        out["reason"] = ("the best candidate's gain over the default is not significant (95% interval includes 0)"
+                         if best != default else "the default is the best candidate")
+    return out
+
+
+def record_id(agent_name: str, context_id: str) -> str:
+    """The ``ranking`` record id of a scope (sha256 of agent NUL context, 32 hex characters)."""
+    return hashlib.sha256(f"{agent_name}\0{context_id}".encode()).hexdigest()[:32]
+
+
+def record_choice(records: RecordStore, source: Source, choice: dict[str, Any], commit: str) -> dict[str, Any]:
+    """Store ``choice`` (from :func:`choose`) for the source's scope, with the commit and time it was measured.
+    Returns the stored record."""
+    doc = {**choice, "agent_name": source.agent_name, "context_id": source.context_id, "source_id": source.id,
+           "commit": commit, "measured_at": utcnow().isoformat()}
+    records.put(KIND, record_id(source.agent_name, source.context_id), doc)
+    _CACHE.clear()
+    return doc
+
+
+def get_choice(records: RecordStore, agent_name: str, context_id: str) -> dict[str, Any] | None:
+    """The recorded choice of a scope (applied or not), or None."""
+    return records.get(KIND, record_id(agent_name, context_id))
+
+
+_CACHE: dict[str, tuple[float, Fusion | None]] = {}
+_LOCK = threading.Lock()
+
+
+def ranking_for(records: RecordStore | None, scope: ScopeFilter) -> Fusion | None:
+    """The applied fusion of a search over exactly one context, or None (the settings' default then holds).
+
+    A failing record store never fails the search: it counts as no choice.
+    """
+    if records is None or scope.context_ids is None or len(scope.context_ids) != 1:
+        return None
+    rid = record_id(scope.agent_name, scope.context_ids[0])
+    now = time.monotonic()
+    with _LOCK:
+        hit = _CACHE.get(rid)
+        if hit is not None and now - hit[0] < CACHE_S:
+            return hit[1]
+    try:
+        doc = records.get(KIND, rid)
+    except Exception:  # noqa: BLE001 - the default ranking is always a valid answer
+        doc = None
+    f = None
+    if doc and doc.get("applied") and doc.get("fusion") in ("weighted", "rrf"):
+        f = Fusion(str(doc["fusion"]), float(doc.get("keyword_weight", 0.3)), float(doc.get("vector_weight", 0.7)))
+    with _LOCK:
+        if len(_CACHE) > 10_000:
+            _CACHE.clear()
+        _CACHE[rid] = (now, f)
+    return f
+
+
+def describe(choice: dict[str, Any] | None) -> str:
+    """One line for status and the CLI: what is used for the context and why."""
+    if not choice:
+        return "default (not evaluated)"
+    f = Fusion(choice["fusion"], choice["keyword_weight"], choice["vector_weight"])
+    lo, hi = choice.get("ci95", [0.0, 0.0])
+    gain = f"NDCG@10 {choice.get('gain', 0.0):+.3f} ({lo:+.3f} … {hi:+.3f}) on {choice.get('queries', 0)} queries"
+    if choice.get("applied"):
+        return f"{f.name} (chosen: {gain})"
+    return f"default (best {f.name}: {gain}; not applied)"
