@@ -225,13 +225,16 @@ def source_add(agent: Annotated[str, typer.Option("--agent", help="agent name")]
                context: Annotated[str, typer.Option("--context", help="context id")],
                repo: Annotated[str, typer.Option("--repo", help="clone URL (https/ssh) or local path")],
                ref: str = "main", repo_name: str | None = None,
+               track: Annotated[list[str] | None, typer.Option(
+                   "--track", help="a branch/tag name or glob to track (repeat: --track main --track 'release/*' "
+                                   "--track 'v*'); default: just --ref")] = None,
                secret: Annotated[str | None, typer.Option(help="webhook secret (generated when not given)")] = None,
                webhooks: Annotated[bool, typer.Option(help="driven by push webhooks; --no-webhooks: refuse "
                                                            "deliveries, sync by CLI/API/reconcile only")] = True
                ) -> None:
     """Register a repository + branch for one scope; prints the source id, and a generated webhook secret once."""
     body = SourceCreate(agent_name=agent, context_id=context, repo_url=repo, ref=ref, repo_name=repo_name,
-                        webhook_secret=secret, webhooks=webhooks)
+                        refs=track or [], webhook_secret=secret, webhooks=webhooks)
     view = ops.registration_view(body, ops.register_source(_rt(), body))
     out.print(view["id"])
     if "webhook_secret" in view:
@@ -436,6 +439,7 @@ def search(query: str,
                            ] = None,
            meta: Annotated[list[str] | None, typer.Option("--meta", help="metadata filter KEY=VALUE (repeatable)")
                            ] = None,
+           ref: Annotated[str | None, typer.Option(help="a branch or tag, or the commit of one's indexed head")] = None,
            as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Search as an operator within an explicit scope (agents use the query API or MCP with their keys).
 
@@ -458,7 +462,7 @@ def search(query: str,
                             cross_context=context is None, file_patterns=file_pattern or [],
                             languages=language or [], case_sensitive=case_sensitive,
                             symbol_match="prefix" if prefix else "exact", kinds=kind or [],
-                            metadata=dict(filters.items()))
+                            metadata=dict(filters.items()), ref=ref)
     except ValidationError as e:
         raise CliError("; ".join(one_line(str(x.get("msg")), 300) for x in e.errors())) from None
     try:

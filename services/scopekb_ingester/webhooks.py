@@ -23,6 +23,7 @@ from scopekb import ops
 from scopekb.http.jsonlimits import loads_bounded
 from scopekb.logging import bind_context, clear_context, get_logger
 from scopekb.models import Source
+from scopekb.refs import short_name, source_tracks
 from scopekb.sources import delivery_targets, matching_sources, sources_of_owner
 from scopekb_ingester.providers import PROVIDERS, BadRequest, Parsed, Provider, decode_body
 from scopekb_ingester.state import Ingester, ingester
@@ -145,8 +146,7 @@ def _process(ing: Ingester, provider: str, prov: Provider, raw: bytes, headers: 
         return eligible
     if parsed.kind == "ping":
         return _pong(provider, parsed, eligible)
-    work = [(push, [s for s in eligible if push.branch is not None and s.ref == push.branch])
-            for push in parsed.pushes]
+    work = [(push, [s for s in eligible if source_tracks(s, push.ref)]) for push in parsed.pushes]
     work = [(push, targets) for push, targets in work if targets]
     if parsed.kind == "ignored" or not work:
         reason = parsed.reason if parsed.kind == "ignored" and parsed.reason else "no source tracks this ref"
@@ -154,7 +154,7 @@ def _process(ing: Ingester, provider: str, prov: Provider, raw: bytes, headers: 
         log.info("webhook_ignored", refs=[p.ref for p in parsed.pushes], reason=reason)
         return JSONResponse({"status": "ignored", "reason": reason}, status_code=202)
     specs = [ops.SyncSpec(job_id=delivery if len(work) == 1 else f"{delivery}:{n}",
-                          source_ids=[s.id for s in targets], trigger="webhook", ref=push.branch,
+                          source_ids=[s.id for s in targets], trigger="webhook", ref=short_name(push.ref),
                           to_commit=None if push.deleted else push.after,
                           task_kwargs={"after": push.after, "branch_deleted": push.deleted})
              for n, (push, targets) in enumerate(work)]

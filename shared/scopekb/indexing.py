@@ -53,6 +53,7 @@ from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobState, Source, utcnow
 from scopekb.patterns import GITATTRIBUTES_LIMITS, usable_globs
+from scopekb.refs import MAX_REFS, match_refs
 from scopekb.settings import Settings, git_cache_dir
 from scopekb.stores.base import BulkReport, ChunkStore, RecordStore
 
@@ -161,6 +162,8 @@ class _Plan:
     #: Paths whose stored chunks are not trusted even where the id matches (a verifying sync: a chunk may have
     #: been altered behind scopekb's back): every chunk of them is written again.
     rewrite: set[str] = field(default_factory=set)
+    #: A ref indexed for the first time starts as a copy of this indexed ref's membership (issue 23).
+    copy_from: str | None = None
 
 
 @dataclass
@@ -204,8 +207,8 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
     if not sources:
         raise SyncError(f"none of the sources {source_ids} exist")
     repo_url, ref = sources[0].repo_url, sources[0].ref
-    if any(s.repo_url != repo_url or s.ref != ref for s in sources):
-        raise SyncError("one sync covers one repository and ref; split the sources")
+    if any(s.repo_url != repo_url for s in sources):
+        raise SyncError("one sync covers one repository; split the sources")
     prev = deps.records.get_job(job_id)
     job = Job(id=job_id, trigger=prev.trigger if prev else trigger, created_at=prev.created_at if prev else utcnow(),
               source_ids=[s.id for s in sources], repo=sources[0].repo_name or repo_url, ref=ref,
@@ -280,6 +283,8 @@ def _delete_branch_if_gone(deps: SyncDeps, job: Job, sources: list[Source]) -> b
     Raises:
         scopekb.gitrepo.GitError: the repository cannot be fetched (nothing is deleted; the task retries).
     """
+    if any(s.refs for s in sources):
+        return False  # sources tracking several refs: the sync itself drops the refs git no longer has
     reader = _reader(deps, sources[0])
     if isinstance(reader, (ObjectPrefix, FolderPrefix)):
         return False
@@ -311,41 +316,113 @@ def _reader(deps: SyncDeps, src: Source) -> Mirror | ObjectPrefix | FolderPrefix
 
 
 def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | None, verify: bool = False) -> None:
+    """Bring every tracked ref of ``sources`` (one repository) to its current commit, one ref after the other, with
+    one fetch; refs no longer tracked (a deleted branch, a pattern no longer matching) lose their membership."""
     reader = _reader(deps, sources[0])
     try:
         reader.fetch()
         if isinstance(reader, (ObjectPrefix, FolderPrefix)):
             tree = reader.tree()
             target = hashlib.sha1("\n".join(f"{p}\0{e.sha}" for p, e in sorted(tree.items())).encode()).hexdigest()
+            tracked = {s.id: {s.ref: target} for s in sources}
+            trees: dict[str, dict[str, TreeEntry]] = {target: tree}
         else:
-            resolved = reader.resolve(sources[0].ref)
-            if resolved is None:
-                raise SyncError(f"ref {sources[0].ref!r} not found in {sources[0].repo_url}")
-            target = resolved
-            tree = {e.path: e for e in reader.tree(target)}
-            for reason in reader.dropped.values():  # not-UTF-8 names whose escaped form another path has
-                job.files_skipped[reason] = job.files_skipped.get(reason, 0) + 1
-        job.to_commit = target
-        plans = [_plan(deps, reader, src, target, tree, verify) for src in sources]
-        job.from_commit = {p.source.id: p.from_commit for p in plans}
-        deps.records.put_job(job)
-        wanted = sorted({p for plan in plans for p in plan.to_index})
-        job.files_seen = len(wanted)
-        prepared = _read_and_store(deps, reader, tree, wanted, job, progress)
+            tracked = _tracked_refs(reader, sources)
+            trees = {}
+        ref_targets = {r: c for t in tracked.values() for r, c in t.items()}
+        job.ref_commits = dict(sorted(ref_targets.items()))
+        primary = sources[0].ref
+        job.to_commit = ref_targets.get(primary) or next(iter(job.ref_commits.values()), None)
+        for ref in sorted(ref_targets, key=lambda r: (r != primary, r)):
+            target = ref_targets[ref]
+            if target not in trees:
+                trees[target] = {e.path: e for e in reader.tree(target)}  # type: ignore[union-attr]
+                for reason in reader.dropped.values():  # type: ignore[union-attr]  # not-UTF-8 names
+                    job.files_skipped[reason] = job.files_skipped.get(reason, 0) + 1
+            group = [s for s in sources if tracked[s.id].get(ref) == target]
+            _sync_ref(deps, job, reader, group, ref, target, trees[target], progress, verify)
     finally:
         reader.close()
+    for src in sources:  # refs indexed before and not tracked now: their membership goes, chunks no ref uses too
+        for ref in sorted(set(_ref_states(deps, src)) - set(tracked[src.id])):
+            if _ref_states(deps, src)[ref].get("pinned"):
+                continue  # pins live until their TTL (issue 23), whatever the patterns say
+            unlinked, deleted = deps.chunks.remove_ref(src.agent_name, src.context_id, src.id, ref)
+            job.chunks_deleted += deleted
+            _put_ref_state(deps, src, ref, None)
+            log.info("ref_removed", source_id=src.id, ref=ref, chunks_unlinked=unlinked, chunks_deleted=deleted)
+
+
+def _tracked_refs(reader: Mirror, sources: list[Source]) -> dict[str, dict[str, str]]:
+    """source id -> {ref name: commit} of the refs each source tracks now (:func:`scopekb.refs.match_refs`).
+
+    Raises:
+        SyncError: a source tracking one ``ref`` only (no ``refs`` patterns) whose branch does not exist.
+    """
+    listed = reader.list_refs()
+    out: dict[str, dict[str, str]] = {}
+    for src in sources:
+        out[src.id] = match_refs(src.ref_patterns, listed, limit=MAX_REFS)
+        if not src.refs and not out[src.id]:
+            raise SyncError(f"ref {src.ref!r} not found in {src.repo_url}")
+    return out
+
+
+def _ref_states(deps: SyncDeps, src: Source) -> dict[str, dict[str, Any]]:
+    """A source's sync state per ref: name -> ``{"commit", "indexed_at", "writing"?, "pinned"?}``."""
+    state = deps.records.get("state", src.id) or {}
+    refs = state.get("refs")
+    if isinstance(refs, dict):
+        return {k: dict(v) for k, v in refs.items() if isinstance(v, dict)}
+    if state.get("commit") or state.get("writing"):  # a state from before issue 23: the source's one ref
+        return {src.ref: {k: state[k] for k in ("commit", "indexed_at", "writing") if state.get(k)}}
+    return {}
+
+
+def _put_ref_state(deps: SyncDeps, src: Source, ref: str, value: dict[str, Any] | None) -> None:
+    """Set (or, with None, drop) one ref's sync state; the record's top-level ``commit``/``indexed_at`` stay those
+    of the source's ``ref`` for readers that know one ref only (status, CLI). Syncs of a source are serialised by
+    the repository lock, so this read-modify-write does not race."""
+    refs = _ref_states(deps, src)
+    if value is None:
+        refs.pop(ref, None)
+    else:
+        refs[ref] = {k: v for k, v in value.items() if v is not None}
+    main = refs.get(src.ref, {})
+    deps.records.put("state", src.id, {"source_id": src.id, "commit": main.get("commit"),
+                                       "indexed_at": main.get("indexed_at"), "refs": refs}, wait=False)
+
+
+def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPrefix, sources: list[Source],
+              ref: str, target: str, tree: dict[str, TreeEntry], progress: Progress | None, verify: bool) -> None:
+    """Bring ``ref`` of ``sources`` to ``target``: plan against the ref's last indexed commit (or the nearest
+    indexed ref's, whose membership is copied first), read, write and advance the ref's state."""
+    plans = [_plan(deps, reader, src, target, tree, verify, ref) for src in sources]
+    for plan in plans:
+        job.from_commit.setdefault(plan.source.id, plan.from_commit)
+    deps.records.put_job(job)
+    wanted = sorted({p for plan in plans for p in plan.to_index})
+    job.files_seen += len(wanted)
+    prepared = _read_and_store(deps, reader, tree, wanted, job, progress)
     for plan in plans:  # from here on a death leaves files half-written: say so in the sync state first
-        if plan.to_index or plan.to_delete:
-            deps.records.put("state", plan.source.id, {**plan.state, "source_id": plan.source.id,
-                                                       "writing": target}, wait=False)
+        if plan.to_index or plan.to_delete or plan.copy_from:
+            _put_ref_state(deps, plan.source, ref, {**plan.state, "writing": target})
+        if plan.copy_from:
+            src = plan.source
+            joined = deps.chunks.copy_ref(src.agent_name, src.context_id, src.id, plan.copy_from, ref,
+                                          exclude_paths=sorted(set(plan.to_index) | set(plan.to_delete)))
+            job.chunks_linked += joined
+            log.info("ref_copied", source_id=src.id, ref=ref, from_ref=plan.copy_from, chunks=joined)
     # Files are counted only once a process died running this job: a healthy sync costs Redis nothing.
     attempts = deps.attempts if job.retries.get("redelivered") else None
-    outcome = _index(deps, job, plans, prepared, target, progress, attempts)
+    outcome = _index(deps, job, plans, prepared, target, progress, attempts, ref)
     for plan in plans:
         if plan.to_delete:
-            job.chunks_deleted += deps.chunks.delete_paths(plan.source.agent_name, plan.source.context_id,
-                                                           plan.source.id, plan.to_delete)
+            src = plan.source
+            job.chunks_deleted += deps.chunks.remove_ref(src.agent_name, src.context_id, src.id, ref,
+                                                         paths=plan.to_delete)[1]
         job.files_deleted += len(plan.to_delete)
+    now = utcnow().isoformat()
     for plan in plans:
         sid = plan.source.id
         if plan.drift is not None:
@@ -353,20 +430,36 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
                      "stale": len(plan.drift["stale"])}
             if any(found.values()):
                 job.drift[sid] = found
-                log.warning("index_drift_repaired", source_id=sid, **found,
+                log.warning("index_drift_repaired", source_id=sid, ref=ref, **found,
                             sample=sorted((plan.drift["missing"] & outcome.written) | plan.drift["changed"]
                                           | plan.drift["stale"])[:5])
         if sid not in outcome.failed:
-            deps.records.set_indexed_commit(sid, target)
+            _put_ref_state(deps, plan.source, ref, {**plan.state, "commit": target, "indexed_at": now,
+                                                    "writing": None})
         elif (plan.to_index or plan.to_delete) and sid not in outcome.refused:
             # Every write was made; the failed files carry no content id (or no chunks), so the next sync retries
             # them by itself. Chunks OpenSearch refused leave the marker: the next sync re-plans all touched paths.
-            deps.records.put("state", sid, {**plan.state, "source_id": sid}, wait=False)
+            _put_ref_state(deps, plan.source, ref, {**plan.state, "writing": None})
+
+
+def _nearest_ref(deps: SyncDeps, reader: Mirror, src: Source, ref: str, target: str) -> tuple[str, str] | None:
+    """The indexed ref of ``src`` (clean: no sync died writing it) whose commit differs least from ``target``
+    (fewest changed paths), as ``(name, commit)``; None when there is none."""
+    best: tuple[int, str, str] | None = None
+    for name, st in _ref_states(deps, src).items():
+        commit = st.get("commit")
+        if name == ref or st.get("writing") or not commit or not reader.has_commit(commit):
+            continue
+        n = len(reader.diff(commit, target)) if commit != target else 0
+        if best is None or (n, name) < best[:2]:
+            best = (n, name, commit)
+    return (best[1], best[2]) if best else None
 
 
 def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Source, target: str,
-          tree: dict[str, TreeEntry], verify: bool = False) -> _Plan:
-    state = deps.records.get("state", src.id) or {}
+          tree: dict[str, TreeEntry], verify: bool = False, ref: str | None = None) -> _Plan:
+    ref = ref or src.ref
+    state = _ref_states(deps, src).get(ref, {})
     writing = state.pop("writing", None)
     last = state.get("commit")
     plan = _Plan(source=src, from_commit=last, state=state)
@@ -374,6 +467,13 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
         return plan
     git = isinstance(reader, Mirror)
     usable = git and last and reader.has_commit(last)
+    if git and not last and not writing and not verify:
+        # A ref never indexed (issue 23): start from the nearest indexed ref of the source - its chunks of every
+        # path the diff does not touch join this ref as they are, the diff is indexed like a push.
+        near = _nearest_ref(deps, reader, src, ref, target)  # type: ignore[arg-type]
+        if near is not None:
+            plan.copy_from, last = near[0], near[1]
+            usable = True
     # A sync that died while writing (marker ``writing``) may have left files half-written at that commit: its
     # changes are planned again too, or everything when they cannot be known.
     touched: set[str] | None = set()
@@ -394,13 +494,13 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
         for p in sorted(touched - set(plan.to_index) - set(plan.to_delete)):
             (plan.to_index if p in tree else plan.to_delete).append(p)
             plan.maybe_stale.add(p)
-        mode = "diff"
+        mode = "copy+diff" if plan.copy_from else "diff"
     else:
         # No usable state (first sync, history rewritten, an object listing) or a verifying sync: compare the
-        # tree with what the index holds, by content id, so unchanged documents are neither read nor written
-        # again - unless a sync died writing with no known set of changes: then the index's content ids are not
-        # trusted (a file may be half-written at the right id) and everything is written again.
-        indexed = deps.chunks.indexed_blobs(src.id, src.agent_name, src.context_id)
+        # tree with what the index holds for this ref, by content id, so unchanged documents are neither read nor
+        # written again - unless a sync died writing with no known set of changes: then the index's content ids
+        # are not trusted (a file may be half-written at the right id) and everything is written again.
+        indexed = deps.chunks.indexed_blobs(src.id, src.agent_name, src.context_id, ref=ref)
         trusted = indexed if touched is not None else {}
         if touched:
             trusted = {p: sha for p, sha in indexed.items() if p not in touched}
@@ -417,8 +517,8 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
         excluded = {p for p in plan.to_index if filetypes.path_skip_reason(p, src.include, src.exclude)}
         plan.to_index = [p for p in plan.to_index if p not in excluded]
         plan.to_delete = sorted(set(plan.to_delete) | set(excluded))
-    log.info("sync_planned", source_id=src.id, mode=mode, from_commit=last, to_commit=target, writing=writing,
-             index=len(plan.to_index), delete=len(plan.to_delete))
+    log.info("sync_planned", source_id=src.id, ref=ref, mode=mode, from_commit=last, to_commit=target,
+             writing=writing, index=len(plan.to_index), delete=len(plan.to_delete))
     return plan
 
 
@@ -481,8 +581,10 @@ def _vendored_paths(mirror: Mirror, tree: dict[str, TreeEntry]) -> frozenset[str
 
 
 def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Prepared], commit: str,
-           progress: Progress | None, attempts: FileAttempts | None = None) -> _Outcome:
-    """Chunk and write every planned path for every source, batch by batch."""
+           progress: Progress | None, attempts: FileAttempts | None = None, ref: str | None = None) -> _Outcome:
+    """Chunk and write every planned path of ``ref`` (default: each source's ``ref``) for every source, batch by
+    batch. A chunk the store already holds for another ref of the source joins ``ref`` without being written or
+    embedded again; a chunk written anew keeps the refs it had (issue 23)."""
     s = deps.settings
     out = _Outcome()
     failed = out.failed
@@ -518,7 +620,8 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
             attempts.flush()
         # Stable ids (issue 20): per (source, path), the new chunks' ids against what the index holds; only the
         # ids it lacks are embedded and written, only the vanished ones deleted.
-        writes, vanished = _changes(deps, plans, index_sets, per_path, failed_paths)
+        writes, vanished = _changes(deps, plans, index_sets, per_path, failed_paths, ref)
+        linked = _link_shared(deps, job, plans, writes, failed_paths, ref)
         needed = {(path, c.chunk_index) for (_sid, path), todo in writes.items() for c, _ in todo}
         vectors = _embed(deps, job, per_path, failed_paths, needed)
         for path, lang, sha, _chunks in per_path:
@@ -530,7 +633,8 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
                 for c, cid in writes.get((plan.source.id, path), ()):
                     # A file whose embedding failed carries no blob id, so the next full sync sees it as
                     # changed and retries it (keyword search finds it meanwhile).
-                    doc = _doc(plan.source, path, lang, c, cid, "" if path in failed_paths else sha, commit, now)
+                    doc = _doc(plan.source, path, lang, c, cid, "" if path in failed_paths else sha, commit, now,
+                               ref or plan.source.ref, linked.get(cid, ()))
                     vec = vectors.get((path, c.chunk_index))
                     if vec is not None and deps.embedder is not None:
                         doc[F.EMBEDDING] = vec
@@ -548,8 +652,9 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
             else:
                 out.written.add(d[F.PATH])
         # Chunks of re-indexed paths that the new version no longer has, deleted by id after the writes.
-        if vanished:
-            job.chunks_deleted += deps.chunks.delete_ids(vanished)
+        for (agent, ctx, sid), ids in vanished.items():
+            job.chunks_deleted += deps.chunks.remove_ref(agent, ctx, sid, ref or _source_ref(plans, sid),
+                                                         ids=ids)[1]
         done += len(batch)
         deps.records.put_job(job)  # progress
         if progress:
@@ -557,9 +662,51 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
     return out
 
 
+def _source_ref(plans: list[_Plan], source_id: str) -> str:
+    return next(p.source.ref for p in plans if p.source.id == source_id)
+
+
+def _link_shared(deps: SyncDeps, job: Job, plans: list[_Plan], writes: dict[tuple[str, str], list[tuple[Chunk, str]]],
+                 failed_paths: set[str], ref: str | None) -> dict[str, list[str]]:
+    """Issue 23: of the chunks ``writes`` plans to write for ``ref``, those the store already holds (for other refs
+    of the source: same id, so the same path, lines and content) join ``ref`` by a membership update and are
+    dropped from ``writes`` - unless the plan distrusts their path or its embedding failed, then they are written
+    again. Returns ``id -> refs`` the store holds for the chunks still to write, so a rewrite keeps them."""
+    ids = [cid for todo in writes.values() for _, cid in todo]
+    have = deps.chunks.chunk_refs(ids) if ids else {}
+    if not have:
+        return {}
+    rewrite = {(p.source.id, path) for p in plans for path in p.rewrite}
+    updates: dict[str, list[str]] = {}
+    keep: dict[str, list[str]] = {}
+    for (sid, path), todo in list(writes.items()):
+        want = ref or _source_ref(plans, sid)
+        rest = []
+        for c, cid in todo:
+            refs = have.get(cid)
+            if refs is None:
+                rest.append((c, cid))
+            elif want in refs or (sid, path) in rewrite or path in failed_paths:
+                keep[cid] = refs
+                rest.append((c, cid))
+            else:
+                updates[cid] = sorted({*refs, want})
+        if rest:
+            writes[(sid, path)] = rest
+        else:
+            del writes[(sid, path)]
+    if updates:
+        report = deps.chunks.set_refs(updates)
+        job.chunks_linked += report.written
+        if report.errors:  # the ref would miss chunks: the task retries the sync (nothing recorded as indexed)
+            raise StoreUnavailable(f"{len(report.errors)} chunks did not join ref {ref!r}: {report.errors[0][2][:300]}")
+    return keep
+
+
 def _changes(deps: SyncDeps, plans: list[_Plan], index_sets: dict[str, frozenset[str]],
-             per_path: list[tuple[str, str, str, list[Chunk]]],
-             failed_paths: set[str]) -> tuple[dict[tuple[str, str], list[tuple[Chunk, str]]], list[str]]:
+             per_path: list[tuple[str, str, str, list[Chunk]]], failed_paths: set[str],
+             ref: str | None = None) -> tuple[dict[tuple[str, str], list[tuple[Chunk, str]]],
+                                             dict[tuple[str, str, str], list[str]]]:
     """Which chunks of a batch to write and which stored chunks to delete (issue 20).
 
     A chunk's id is stable (:func:`scopekb.fields.chunk_id`: scope, source, path, line range, chunk identity),
@@ -569,17 +716,21 @@ def _changes(deps: SyncDeps, plans: list[_Plan], index_sets: dict[str, frozenset
     write at all (it only lost chunks) but its newest stored chunk names another blob, its first chunk is written
     again, so the newest write names the current blob (:meth:`ChunkStore.indexed_blobs` reads it that way).
 
+    With ``ref`` (issue 23) "what the index holds" is what it holds for that ref, and a vanished chunk only leaves
+    the ref (:meth:`ChunkStore.remove_ref`; deleted when no other ref has it).
+
     Returns:
-        ``({(source id, path): [(chunk, id), ...]}, [chunk ids to delete])``.
+        ``({(source id, path): [(chunk, id), ...]}, {(agent, context, source id): [chunk ids that vanished]})``.
     """
     writes: dict[tuple[str, str], list[tuple[Chunk, str]]] = {}
-    vanished: list[str] = []
+    vanished: dict[tuple[str, str, str], list[str]] = {}
     shas = {(path, c.chunk_index): F.chunk_sha(c.content, c.kind, c.symbol, c.signature, c.metadata)
             for path, _, _, chunks in per_path for c in chunks}
     for plan in plans:
         src = plan.source
         stale = [path for path, _, _, _ in per_path if path in plan.maybe_stale and path in index_sets[src.id]]
-        stored = deps.chunks.chunk_versions(src.agent_name, src.context_id, src.id, stale) if stale else {}
+        stored = deps.chunks.chunk_versions(src.agent_name, src.context_id, src.id, stale,
+                                            ref=ref or src.ref) if stale else {}
         for path, _lang, sha, chunks in per_path:
             if path not in index_sets[src.id]:
                 continue
@@ -596,7 +747,9 @@ def _changes(deps: SyncDeps, plans: list[_Plan], index_sets: dict[str, frozenset
             if todo:
                 writes[(src.id, path)] = todo
             keep = set(ids)
-            vanished.extend(cid for cid in have if cid not in keep)
+            gone = [cid for cid in have if cid not in keep]
+            if gone:
+                vanished.setdefault((src.agent_name, src.context_id, src.id), []).extend(gone)
     return writes, vanished
 
 
@@ -704,12 +857,14 @@ def _embed(deps: SyncDeps, job: Job, per_path: list[tuple[str, str, str, list[Ch
 
 
 def _doc(src: Source, path: str, lang: str, c: Chunk, doc_id: str, blob_sha: str, commit: str,
-         now: str) -> dict[str, Any]:
+         now: str, ref: str | None = None, refs: Sequence[str] = ()) -> dict[str, Any]:
+    """A chunk document of ``ref`` (default: the source's) at ``commit``; ``refs``: other refs that hold it."""
+    ref = ref or src.ref
     content_sha = hashlib.sha256(c.content.encode("utf-8")).hexdigest()
     return {
         "_id": doc_id,
         F.AGENT_NAME: src.agent_name, F.CONTEXT_ID: src.context_id, F.SOURCE_ID: src.id,
-        F.REPO: src.repo_name or src.repo_url, F.REF: src.ref, F.REFS: [src.ref], F.COMMIT: commit, F.PATH: path,
+        F.REPO: src.repo_name or src.repo_url, F.REF: ref, F.REFS: sorted({*refs, ref}), F.COMMIT: commit, F.PATH: path,
         F.LANGUAGE: lang, F.KIND: c.kind, F.SYMBOL: c.symbol, F.SIGNATURE: c.signature, F.CONTENT: c.content,
         F.CHUNK_INDEX: c.chunk_index, F.START_LINE: c.start_line, F.END_LINE: c.end_line,
         F.CONTENT_SHA: content_sha, F.BLOB_SHA: blob_sha, F.METADATA: c.metadata, F.INDEXED_AT: now,

@@ -77,7 +77,13 @@ class SourceCreate(Scope):
     repo_url: str = Field(default="", description="git: https/ssh clone URL, or a local path where allowed")
     bucket: str | None = Field(default=None, description="s3: bucket (default: the configured one)")
     prefix: str | None = Field(default=None, description="s3: key prefix whose objects are the documents")
-    ref: str = Field(default="main", description="branch name (refs/heads/ prefix optional)")
+    ref: str = Field(default="main", description="branch name (refs/heads/ prefix optional); with ``refs`` empty, "
+                                                 "the one ref the source tracks")
+    refs: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="branches and tags the source tracks, by name or glob ('main', 'release/*', 'v*'); a name "
+                    "matches a branch or a tag (a branch wins when both exist; 'refs/tags/v*' asks for tags only). "
+                    "Empty: just 'ref'. At most 64 patterns")
     repo_name: str | None = Field(
         default=None, description="the host's full name, e.g. 'owner/repo'; also matches webhook payloads")
     webhooks: bool = Field(
@@ -111,6 +117,21 @@ class SourceCreate(Scope):
             raise ValueError("ref must be a branch name such as 'main'")
         return v
 
+    @field_validator("refs")
+    @classmethod
+    def _refs(cls, v: list[str]) -> list[str]:
+        out: list[str] = []
+        for pat in v:
+            name = pat.removeprefix("refs/heads/")
+            if cls is SourceCreate and (
+                    not name or len(name) > 256 or name.startswith("/") or ".." in name
+                    or any(c in name for c in " ~^:?[\\") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
+                    or name.count("*") > 8):
+                raise ValueError("refs must be branch or tag names or globs such as 'main', 'release/*', 'v*'")
+            if pat not in out:
+                out.append(pat)
+        return out
+
     @field_validator("repo_name")
     @classmethod
     def _repo_name(cls, v: str | None) -> str | None:
@@ -142,6 +163,11 @@ class Source(SourceCreate):
     def new_id() -> str:
         """Return a fresh source id (``src_`` + 16 hex characters)."""
         return "src_" + uuid.uuid4().hex[:16]
+
+    @property
+    def ref_patterns(self) -> list[str]:
+        """The branch/tag names and globs this source tracks: ``refs``, or ``[ref]`` when that is empty."""
+        return list(self.refs) or [self.ref]
 
     @property
     def scope(self) -> Scope:
@@ -422,6 +448,9 @@ class Job(BaseModel):
     files_skipped: dict[str, int] = Field(default_factory=dict, description="count per skip reason")
     chunks_written: int = 0
     chunks_deleted: int = 0
+    chunks_linked: int = Field(
+        default=0, description="chunks that joined a ref without being written: the store held them for another "
+                               "ref of the source (issue 23)")
     embeddings_computed: int = 0
     embeddings_cached: int = 0
     errors: list[str] = Field(default_factory=list)

@@ -257,16 +257,16 @@ def reconcile(rt: ControlRuntime) -> int:
     """Enqueue a verifying sync for every (repository, ref) with registered sources, except those whose sync
     runs now (their repository lock is held; the next pass checks them). Returns the number enqueued."""
     groups: dict[tuple[str, str], list[str]] = {}
-    for src in rt.records.list_sources():
-        groups.setdefault((src.repo_url, src.ref), []).append(src.id)
+    for src in rt.records.list_sources():  # sources tracking the same refs of a repository are synced together
+        groups.setdefault((src.repo_url, "\0".join(src.ref_patterns)), []).append(src.id)
     stamp = int(time.time())
     busy = 0
-    for (url, ref), ids in groups.items():
+    for (url, refs), ids in groups.items():
         if rt.coord.repo_locked(ids):
             busy += 1
             continue
-        enqueue_sync(rt, sorted(ids), trigger="reconcile", job_id=f"reconcile-{keys.repo_hash(url + ref)}-{stamp}",
-                     ref=ref, verify=True)
+        enqueue_sync(rt, sorted(ids), trigger="reconcile", job_id=f"reconcile-{keys.repo_hash(url + refs)}-{stamp}",
+                     ref=refs.split("\0")[0], verify=True)
     log.info("reconcile_enqueued", groups=len(groups) - busy, busy=busy)
     return len(groups) - busy
 

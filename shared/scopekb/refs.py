@@ -21,6 +21,8 @@ from scopekb.stores.base import RecordStore, ScopeFilter
 
 HEADS = "refs/heads/"
 TAGS = "refs/tags/"
+#: Refs one source tracks at most (Sourcebot caps a repository at 64 branches/tags); the rest are left out.
+MAX_REFS = 64
 _HEX = re.compile(r"^[0-9a-fA-F]{7,64}$")
 
 
@@ -56,6 +58,14 @@ def match_refs(patterns: Sequence[str], refs: Mapping[str, str], limit: int | No
             if limit is not None and len(out) >= limit:
                 break
     return out
+
+
+def source_tracks(src: Source, full_ref: str) -> bool:
+    """True when a push to ``full_ref`` (``refs/heads/x``, ``refs/tags/v1``) concerns ``src``: one of its ref
+    patterns matches it (a source without ``refs`` tracks its one branch ``ref``)."""
+    if not full_ref.startswith((HEADS, TAGS)):
+        return False
+    return bool(match_refs(src.ref_patterns, {full_ref: ""}))
 
 
 def ref_heads(state: Mapping[str, Any] | None, src: Source) -> dict[str, dict[str, Any]]:

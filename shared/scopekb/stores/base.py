@@ -123,10 +123,11 @@ class ChunkStore(Protocol):
     def indexed_paths(self, source_id: str, agent_name: str | None = None,
                       context_id: str | None = None) -> set[str]: ...
 
-    def indexed_blobs(self, source_id: str, agent_name: str, context_id: str) -> dict[str, str]: ...
+    def indexed_blobs(self, source_id: str, agent_name: str, context_id: str,
+                      ref: str | None = None) -> dict[str, str]: ...
 
-    def chunk_versions(self, agent_name: str, context_id: str, source_id: str,
-                       paths: Sequence[str]) -> dict[str, dict[str, tuple[str, str]]]: ...
+    def chunk_versions(self, agent_name: str, context_id: str, source_id: str, paths: Sequence[str],
+                       ref: str | None = None) -> dict[str, dict[str, tuple[str, str]]]: ...
 
     def delete_ids(self, ids: Sequence[str]) -> int: ...
 
@@ -148,9 +149,15 @@ class ChunkStore(Protocol):
         ...
 
     def remove_ref(self, scope_agent: str, scope_context: str, source_id: str, ref: str,
-                   paths: Sequence[str] | None = None, keep_ids: Sequence[str] = ()) -> tuple[int, int]:
-        """Take ``ref`` out of the chunks of one scope and source (of ``paths`` when given) except ``keep_ids``;
-        delete the chunks left with no ref. Returns ``(unlinked, deleted)``."""
+                   paths: Sequence[str] | None = None, keep_ids: Sequence[str] = (),
+                   ids: Sequence[str] | None = None) -> tuple[int, int]:
+        """Take ``ref`` out of the chunks of one scope and source (of ``paths``/with ``ids`` when given) except
+        ``keep_ids``; delete the chunks left with no ref. Returns ``(unlinked, deleted)``."""
+        ...
+
+    def copy_ref(self, scope_agent: str, scope_context: str, source_id: str, from_ref: str, to_ref: str,
+                 exclude_paths: Sequence[str] = ()) -> int:
+        """Add ``to_ref`` to every chunk of ``from_ref`` (one scope and source) outside ``exclude_paths``."""
         ...
 
     def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0) -> list[RawHit]: ...

@@ -124,13 +124,7 @@ def filter_clauses(flt: SearchFilter) -> list[dict[str, Any]]:
     if flt.repo:
         out.append({"term": {F.REPO: flt.repo}})
     if flt.ref:
-        ref = flt.ref.removeprefix("refs/heads/")
-        # A member of the ref (issue 23), or a chunk written without ``refs`` (before it; a bare bulk write) whose
-        # one ``ref`` it is.
-        out.append({"bool": {"should": [
-            {"term": {F.REFS: ref}},
-            {"bool": {"must_not": [{"exists": {"field": F.REFS}}], "filter": [{"term": {F.REF: ref}}]}}],
-            "minimum_should_match": 1}})
+        out.append(ref_clause(flt.ref.removeprefix("refs/heads/")))
     if flt.languages:
         out.append({"terms": {F.LANGUAGE: list(flt.languages)}})
     if flt.file_patterns:
@@ -151,6 +145,15 @@ def _wildcard_literal(text: str) -> str:
 #: Order of exact/regex/symbol candidates: path, chunk index, then the scope and content as tie-breaks.
 _TEXT_ORDER = [{F.PATH: "asc"}, {F.CHUNK_INDEX: "asc"}, {F.SOURCE_ID: "asc"}, {F.CONTEXT_ID: "asc"},
                {F.AGENT_NAME: "asc"}, {F.CONTENT_SHA: "asc"}]
+
+
+def ref_clause(ref: str) -> dict[str, Any]:
+    """Chunks of ``ref``: members of it (issue 23), or chunks written without ``refs`` (before it; a bare bulk
+    write) whose one ``ref`` it is."""
+    return {"bool": {"should": [
+        {"term": {F.REFS: ref}},
+        {"bool": {"must_not": [{"exists": {"field": F.REFS}}], "filter": [{"term": {F.REF: ref}}]}}],
+        "minimum_should_match": 1}}
 
 
 #: OpenSearch root causes that mean "the query is too large": the caller's to fix.
@@ -468,9 +471,11 @@ class OpenSearchChunkStore:
         return report
 
     def remove_ref(self, scope_agent: str, scope_context: str, source_id: str, ref: str,
-                   paths: Sequence[str] | None = None, keep_ids: Sequence[str] = ()) -> tuple[int, int]:
-        """Take ``ref`` out of the membership of the chunks of one scope and source (only those of ``paths`` when
-        given), except ``keep_ids``; a chunk left with no ref is deleted. Returns ``(unlinked, deleted)``.
+                   paths: Sequence[str] | None = None, keep_ids: Sequence[str] = (),
+                   ids: Sequence[str] | None = None) -> tuple[int, int]:
+        """Take ``ref`` out of the membership of the chunks of one scope and source (only those of ``paths``, or
+        with ``ids``, when given), except ``keep_ids``; a chunk left with no ref is deleted. Returns ``(unlinked,
+        deleted)``.
 
         Refreshes first, so the query sees every membership change of the sync so far (an update-by-query that
         met a version it did not see would skip the chunk).
@@ -479,6 +484,10 @@ class OpenSearchChunkStore:
         base: list[dict[str, Any]] = [
             {"term": {F.AGENT_NAME: scope_agent}}, {"term": {F.CONTEXT_ID: scope_context}},
             {"term": {F.SOURCE_ID: source_id}}, {"term": {F.REFS: ref}}]
+        if ids is not None:
+            if not ids:
+                return 0, 0
+            base.append({"ids": {"values": list(ids)}})
         parts: list[list[str] | None] = [None] if paths is None else [
             list(paths[i:i + 1000]) for i in range(0, len(paths), 1000)]
         script = {"lang": "painless", "params": {"ref": ref}, "source": (
@@ -494,6 +503,24 @@ class OpenSearchChunkStore:
             unlinked += int(res.get("updated", 0)) + int(res.get("deleted", 0))
             deleted += int(res.get("deleted", 0))
         return unlinked, deleted
+
+    def copy_ref(self, scope_agent: str, scope_context: str, source_id: str, from_ref: str, to_ref: str,
+                 exclude_paths: Sequence[str] = ()) -> int:
+        """Make every chunk of ``from_ref`` (one scope and source) a member of ``to_ref`` too, except the chunks
+        of ``exclude_paths``: a new ref starts as a copy of the nearest indexed one, without writing a chunk.
+        Returns the chunks that joined ``to_ref``."""
+        self.refresh()
+        query: dict[str, Any] = {"bool": {"filter": [
+            {"term": {F.AGENT_NAME: scope_agent}}, {"term": {F.CONTEXT_ID: scope_context}},
+            {"term": {F.SOURCE_ID: source_id}}, ref_clause(from_ref)]}}
+        if exclude_paths:
+            query["bool"]["must_not"] = [{"terms": {F.PATH: list(exclude_paths)}}]
+        script = {"lang": "painless", "params": {"ref": to_ref, "old": from_ref}, "source": (
+            f"def r = ctx._source.{F.REFS}; if (r == null) {{ r = [params.old]; }}"
+            " else if (!(r instanceof List)) { r = [r]; }"
+            " if (r.contains(params.ref)) { ctx.op = 'noop'; }"
+            f" else {{ r.add(params.ref); ctx._source.{F.REFS} = r; }}")}
+        return int(self._by_query("update_by_query", {"query": query, "script": script}).get("updated", 0))
 
     def _by_query(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
         """Run ``delete_by_query``/``update_by_query`` on the alias (conflicts proceed), retrying 429/503 with
@@ -526,7 +553,8 @@ class OpenSearchChunkStore:
             flt.append({"term": {F.CONTEXT_ID: context_id}})
         return {b[F.PATH] for b in self._composite(flt, [F.PATH])}
 
-    def indexed_blobs(self, source_id: str, agent_name: str, context_id: str) -> dict[str, str]:
+    def indexed_blobs(self, source_id: str, agent_name: str, context_id: str,
+                      ref: str | None = None) -> dict[str, str]:
         """path → blob id of what one scope of a source holds: the blob of the path's most recent write.
 
         A changed file rewrites only its changed chunks (issue 20), so a path's chunks normally carry several blob
@@ -535,7 +563,7 @@ class OpenSearchChunkStore:
         treated as changed and rewritten. One composite aggregation of (path, blob id) with ``max(indexed_at)``.
         """
         flt: list[dict[str, Any]] = [{"term": {F.SOURCE_ID: source_id}}, {"term": {F.AGENT_NAME: agent_name}},
-                                     {"term": {F.CONTEXT_ID: context_id}}]
+                                     {"term": {F.CONTEXT_ID: context_id}}, *([ref_clause(ref)] if ref else [])]
         latest: dict[str, tuple[float, str]] = {}
         for b in self._composite(flt, [F.PATH, F.BLOB_SHA], sub={"t": {"max": {"field": F.INDEXED_AT}}}):
             t = float(b.get("t") or 0.0)
@@ -547,8 +575,8 @@ class OpenSearchChunkStore:
                 latest[path] = (t, "")
         return {p: sha for p, (_, sha) in latest.items()}
 
-    def chunk_versions(self, agent_name: str, context_id: str, source_id: str,
-                       paths: Sequence[str]) -> dict[str, dict[str, tuple[str, str]]]:
+    def chunk_versions(self, agent_name: str, context_id: str, source_id: str, paths: Sequence[str],
+                       ref: str | None = None) -> dict[str, dict[str, tuple[str, str]]]:
         """What one scope of a source holds for ``paths``: path → {chunk id: (blob id, indexed_at)} (issue 20:
         the sync compares these ids with the new chunks' ids, writes only the missing ones and deletes only the
         vanished ones). One search per 1,000 paths; a scroll when more than 10,000 chunks match."""
@@ -556,7 +584,8 @@ class OpenSearchChunkStore:
         for i in range(0, len(paths), 1000):
             query = {"bool": {"filter": [
                 {"term": {F.AGENT_NAME: agent_name}}, {"term": {F.CONTEXT_ID: context_id}},
-                {"term": {F.SOURCE_ID: source_id}}, {"terms": {F.PATH: list(paths[i:i + 1000])}}]}}
+                {"term": {F.SOURCE_ID: source_id}}, {"terms": {F.PATH: list(paths[i:i + 1000])}},
+                *([ref_clause(ref)] if ref else [])]}}
             fields = [F.PATH, F.BLOB_SHA, F.INDEXED_AT]
             try:
                 res = self.client.search(index=self.alias, body={"query": query, "size": 10000,

@@ -502,9 +502,11 @@ class SqliteChunkStore:
         conn.execute("UPDATE chunks SET digest = '' WHERE rowid = ?", (rowid,))  # the stored doc changed
 
     def remove_ref(self, scope_agent: str, scope_context: str, source_id: str, ref: str,
-                   paths: Sequence[str] | None = None, keep_ids: Sequence[str] = ()) -> tuple[int, int]:
-        """Take ``ref`` out of the membership of the chunks of one scope and source (only those of ``paths`` when
-        given), except ``keep_ids``; a chunk left with no ref is deleted. Returns ``(unlinked, deleted)``."""
+                   paths: Sequence[str] | None = None, keep_ids: Sequence[str] = (),
+                   ids: Sequence[str] | None = None) -> tuple[int, int]:
+        """Take ``ref`` out of the membership of the chunks of one scope and source (only those with ``ids``, or
+        else of ``paths``, when given), except ``keep_ids``; a chunk left with no ref is deleted. Returns
+        ``(unlinked, deleted)``."""
         keep = set(keep_ids)
         unlinked: list[int] = []
         orphans: list[tuple[int]] = []
@@ -515,7 +517,13 @@ class SqliteChunkStore:
                     " AND c.agent_name = ? AND c.context_id = ? AND c.source_id = ?")
             args: list[Any] = [ref, scope_agent, scope_context, source_id]
             rows: list[tuple[int, str]] = []
-            if paths is None:
+            if ids is not None:
+                ilist = list(ids)
+                for i in range(0, len(ilist), 500):
+                    part = ilist[i:i + 500]
+                    rows += conn.execute(f"{base} AND c.id IN ({','.join('?' * len(part))})",
+                                         [*args, *part]).fetchall()
+            elif paths is None:
                 rows = conn.execute(base, args).fetchall()
             else:
                 plist = list(paths)
@@ -544,6 +552,27 @@ class SqliteChunkStore:
                     self._bump_vec_gen(conn)
         return len(unlinked) + len(orphans), len(orphans)
 
+    def copy_ref(self, scope_agent: str, scope_context: str, source_id: str, from_ref: str, to_ref: str,
+                 exclude_paths: Sequence[str] = ()) -> int:
+        """Make every chunk of ``from_ref`` (one scope and source) a member of ``to_ref`` too, except the chunks
+        of ``exclude_paths``. Returns the chunks that joined ``to_ref``."""
+        with self._db.write() as conn:
+            if not self._readable(conn):
+                return 0
+            conn.execute("CREATE TEMP TABLE IF NOT EXISTS skip_paths (path TEXT PRIMARY KEY)")
+            conn.execute("DELETE FROM skip_paths")
+            conn.executemany("INSERT OR IGNORE INTO skip_paths VALUES (?)", [(p,) for p in exclude_paths])
+            rows = [r[0] for r in conn.execute(
+                "SELECT c.rowid FROM chunk_refs r JOIN chunks c ON c.rowid = r.chunk WHERE r.ref = ? AND"
+                " c.agent_name = ? AND c.context_id = ? AND c.source_id = ? AND c.path NOT IN (SELECT path FROM"
+                " skip_paths) AND c.rowid NOT IN (SELECT chunk FROM chunk_refs WHERE ref = ?)",
+                (from_ref, scope_agent, scope_context, source_id, to_ref))]
+            for rowid in rows:
+                left = [r[0] for r in conn.execute("SELECT ref FROM chunk_refs WHERE chunk = ?", (rowid,))]
+                self._put_refs(conn, rowid, sorted({*left, to_ref}))
+            conn.execute("DELETE FROM skip_paths")
+        return len(rows)
+
     # ---- reads -----------------------------------------------------------------------------------------------
 
     def indexed_paths(self, source_id: str, agent_name: str | None = None,
@@ -562,7 +591,8 @@ class SqliteChunkStore:
             rows = conn.execute(f"SELECT DISTINCT path FROM chunks WHERE {' AND '.join(where)}", args).fetchall()
         return {r[0] for r in rows if r[0] is not None}
 
-    def indexed_blobs(self, source_id: str, agent_name: str, context_id: str) -> dict[str, str]:
+    def indexed_blobs(self, source_id: str, agent_name: str, context_id: str,
+                      ref: str | None = None) -> dict[str, str]:
         """path → blob id of the path's most recent write (``""`` when two blob ids share the latest write time);
         see :meth:`scopekb.stores.opensearch.OpenSearchChunkStore.indexed_blobs`. Times compared at millisecond
         precision, as OpenSearch's ``max`` of a date does."""
@@ -572,8 +602,9 @@ class SqliteChunkStore:
             rows = conn.execute(
                 "SELECT c.path, json_extract(d.doc, '$.blob_sha'), MAX(substr(json_extract(d.doc, '$.indexed_at'),"
                 " 1, 23)) FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid"
-                " WHERE c.source_id = ? AND c.agent_name = ? AND c.context_id = ? GROUP BY 1, 2",
-                (source_id, agent_name, context_id)).fetchall()
+                " WHERE c.source_id = ? AND c.agent_name = ? AND c.context_id = ?"
+                + (" AND c.rowid IN (SELECT chunk FROM chunk_refs WHERE ref = ?)" if ref else "") + " GROUP BY 1, 2",
+                (source_id, agent_name, context_id, *([ref] if ref else []))).fetchall()
         latest: dict[str, tuple[str, str]] = {}
         for path, sha, t in rows:
             t, sha = t or "", sha or ""
@@ -584,8 +615,8 @@ class SqliteChunkStore:
                 latest[path] = (t, "")
         return {p: sha for p, (_, sha) in latest.items()}
 
-    def chunk_versions(self, agent_name: str, context_id: str, source_id: str,
-                       paths: Sequence[str]) -> dict[str, dict[str, tuple[str, str]]]:
+    def chunk_versions(self, agent_name: str, context_id: str, source_id: str, paths: Sequence[str],
+                       ref: str | None = None) -> dict[str, dict[str, tuple[str, str]]]:
         """path → {chunk id: (blob id, indexed_at)} of what one scope of a source holds for ``paths``."""
         out: dict[str, dict[str, tuple[str, str]]] = {}
         paths = list(paths)
@@ -597,8 +628,9 @@ class SqliteChunkStore:
                 rows = conn.execute(
                     "SELECT c.path, c.id, json_extract(d.doc, '$.blob_sha'), json_extract(d.doc, '$.indexed_at')"
                     " FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid WHERE c.agent_name = ? AND"
-                    f" c.context_id = ? AND c.source_id = ? AND c.path IN ({','.join('?' * len(part))})",
-                    [agent_name, context_id, source_id, *part]).fetchall()
+                    f" c.context_id = ? AND c.source_id = ? AND c.path IN ({','.join('?' * len(part))})"
+                    + (" AND c.rowid IN (SELECT chunk FROM chunk_refs WHERE ref = ?)" if ref else ""),
+                    [agent_name, context_id, source_id, *part, *([ref] if ref else [])]).fetchall()
                 for path, cid, sha, t in rows:
                     out.setdefault(path, {})[cid] = (sha or "", t or "")
         return out

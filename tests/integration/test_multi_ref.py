@@ -1,0 +1,308 @@
+"""Many refs per source without copies (issue 23), on real OpenSearch + S3 and on SQLite + a blob folder.
+
+A hypothesis property test drives random histories of a bare repository: commits on several branches, new branches,
+tags, force pushes (a branch moved to another branch's tip) and branch deletions, with syncs in between, of one
+source tracking ``["main", "b*", "v*"]``. After every sync, for every ref git has:
+
+- the chunks the index holds for that ref (path, lines, content) are exactly what chunking the ref's tree gives
+  (what a fresh single-ref index of it holds: the same chunker on the same blobs);
+- the source's chunk documents are the distinct (path, lines, chunk identity) over all its refs - no copies;
+- ``read`` returns byte-exact lines of git's blob for every chunk of every ref;
+- the embedder never saw the same text twice (embeddings once per distinct content, through the cache);
+- the status lists each ref with its indexed commit;
+
+and after every ref is deleted and a last sync runs, nothing of the source is left.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from scopekb import fields as F
+from scopekb.chunking import chunk_document
+from scopekb.embedding.base import EmbedResult
+from scopekb.embedding.cache import SQLiteEmbeddingCache
+from scopekb.filetypes import decode_text, language_for
+from scopekb.indexing import SyncDeps, run_sync
+from scopekb.models import ReadRequest, Source
+from scopekb.reading import read_lines, result_bytes, split_lines
+from scopekb.settings import Settings
+from scopekb.status import source_status
+from scopekb.stores.base import ScopeFilter
+
+pytestmark = pytest.mark.slow
+
+FILES = ("a.py", "b.md", "c.txt")
+#: Line pool: few distinct lines so that branches share most chunks and differ in some.
+LINES = ("def alpha():", "    return 1", "def beta(x):", "    return x * 2", "# notes", "value = 3", "print(value)",
+         "class Gamma:", "    pass", "text line")
+BRANCHES = ("main", "b1", "b2", "b3")
+TAGS = ("v1", "v2")
+
+
+class CountingEmbedder:
+    """A deterministic 3-d embedder that records every text it is asked to embed."""
+
+    model_id = "count:3"
+    dimension = 3
+    max_input_tokens = 10_000
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> EmbedResult:
+        self.seen.extend(texts)
+        vecs = [[float(len(t)), float(sum(map(ord, t)) % 97) + 1.0, 0.5] for t in texts]
+        return EmbedResult(vectors=vecs, token_counts=[len(t) for t in texts], errors={},
+                           total_tokens=sum(map(len, texts)), requests=1)
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed([text]).vectors[0]  # type: ignore[return-value]
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return [len(t) for t in texts]
+
+    def close(self) -> None:
+        pass
+
+
+def git(repo: Path, *args: str, data: bytes | None = None) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["git", "--git-dir", str(repo), *args], input=data, check=True, capture_output=True,
+                          env=env).stdout.decode().strip()
+
+
+class History:
+    """A bare repository whose branches are written with plumbing (no work tree)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        subprocess.run(["git", "init", "-q", "--bare", str(path)], check=True)
+        self.n = 0
+
+    def commit(self, branch: str, files: dict[str, str]) -> str:
+        entries = []
+        for name in sorted(files):
+            sha = git(self.path, "hash-object", "-w", "--stdin", data=files[name].encode())
+            entries.append(f"100644 blob {sha}\t{name}")
+        tree = git(self.path, "mktree", data=("\n".join(entries) + "\n").encode() if entries else b"")
+        self.n += 1
+        parent = self.head(branch)
+        commit = git(self.path, "commit-tree", tree, *(["-p", parent] if parent else []), "-m", f"c{self.n}")
+        git(self.path, "update-ref", f"refs/heads/{branch}", commit)
+        return commit
+
+    def head(self, ref: str) -> str | None:
+        try:
+            return git(self.path, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+        except subprocess.CalledProcessError:
+            return None
+
+    def refs(self) -> dict[str, str]:
+        out = git(self.path, "for-each-ref", "--format=%(refname:short) %(objectname)", "refs/heads", "refs/tags")
+        return {name: self.head(name) or sha for name, sha in (ln.split() for ln in out.splitlines())}
+
+    def files(self, commit: str) -> dict[str, bytes]:
+        out = {}
+        for ln in git(self.path, "ls-tree", commit).splitlines():
+            meta, name = ln.split("\t")
+            out[name] = subprocess.run(["git", "--git-dir", str(self.path), "cat-file", "blob", meta.split()[2]],
+                                       check=True, capture_output=True).stdout
+        return out
+
+
+# --------------------------------------------------------------------------------------------------- stores
+
+
+@pytest.fixture(scope="module", params=["sqlite", "opensearch"])
+def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("multiref")
+    emb = CountingEmbedder()
+    chunking = {"window_lines": 4, "overlap_lines": 1, "syntax": False}
+    cache = SQLiteEmbeddingCache(tmp / "emb.sqlite3")
+    if request.param == "sqlite":
+        from scopekb.blobs import LocalBlobStore
+        from scopekb.stores.sqlite import SqliteChunkStore, SqliteRecordStore
+
+        s = Settings(data_dir=tmp / "data", git={"cache_dir": str(tmp / "git"), "allow_local_paths": True},
+                     chunking=chunking)
+        chunks = SqliteChunkStore(tmp / "index.sqlite3", dimension=3, model=emb.model_id)
+        chunks.ensure_index()
+        deps = SyncDeps(settings=s, records=SqliteRecordStore(tmp / "records.sqlite3"), chunks=chunks,
+                        blobs=LocalBlobStore(tmp / "blobs"), embedder=emb, embed_cache=cache)
+        yield {"deps": deps, "kind": "sqlite", "emb": emb}
+        chunks.close()
+        return
+    from scopekb.blobs import S3BlobStore
+    from scopekb.stores.opensearch import OpenSearchChunkStore, make_client
+    from scopekb.stores.records import OpenSearchRecordStore
+
+    run = f"it-mref-{uuid.uuid4().hex[:8]}"
+    s = Settings(opensearch={"url": request.getfixturevalue("opensearch_url"), "alias": run,
+                             "system_prefix": f"{run}-sys"},
+                 s3={**request.getfixturevalue("s3_config"), "bucket": run},
+                 git={"cache_dir": str(tmp / "git"), "allow_local_paths": True}, chunking=chunking)
+    client = make_client(s.opensearch)
+    chunks = OpenSearchChunkStore(client, alias=run, dimension=3, model=emb.model_id)
+    chunks.ensure_index()
+    deps = SyncDeps(settings=s, records=OpenSearchRecordStore(client, s.opensearch.system_prefix), chunks=chunks,
+                    blobs=S3BlobStore(s.s3), embedder=emb, embed_cache=cache)
+    yield {"deps": deps, "kind": "opensearch", "emb": emb, "client": client}
+    client.indices.delete(index=f"{run}*", params={"expand_wildcards": "open"})
+
+
+def stored(world: dict[str, Any], src: Source, ref: str | None = None) -> list[dict[str, Any]]:
+    """Every chunk document of a source (of one ref when given), read straight from the store."""
+    deps: SyncDeps = world["deps"]
+    deps.chunks.refresh()
+    if world["kind"] == "sqlite":
+        sql = ("SELECT d.doc FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid WHERE c.source_id = ?"
+               + (" AND c.rowid IN (SELECT chunk FROM chunk_refs WHERE ref = ?)" if ref else ""))
+        with sqlite3.connect(deps.chunks.path) as conn:  # type: ignore[attr-defined]
+            return [json.loads(r[0]) for r in conn.execute(sql, [src.id, *([ref] if ref else [])])]
+    from opensearchpy import helpers
+
+    flt: list[dict[str, Any]] = [{"term": {F.SOURCE_ID: src.id}}, *([{"term": {F.REFS: ref}}] if ref else [])]
+    return [h["_source"] for h in helpers.scan(world["client"], index=deps.chunks.alias,  # type: ignore[attr-defined]
+                                               query={"query": {"bool": {"filter": flt}}},
+                                               _source_excludes=[F.EMBEDDING])]
+
+
+def expected(deps: SyncDeps, files: dict[str, bytes]) -> set[tuple[str, int, int, str]]:
+    """What a fresh index of one tree holds: the chunker's output on each text file (no file here is skipped)."""
+    out = set()
+    for path, data in files.items():
+        for c in chunk_document(path, decode_text(data), language_for(path), deps.settings.chunking, deps.counter):
+            out.add((path, c.start_line, c.end_line, c.content))
+    return out
+
+
+def check(world: dict[str, Any], hist: History, src: Source) -> int:
+    deps: SyncDeps = world["deps"]
+    refs = {r: c for r, c in hist.refs().items() if r.startswith(("main", "b", "v"))}
+    distinct: set[tuple[str, int, int, str]] = set()
+    scope = ScopeFilter(src.agent_name, (src.context_id,))
+    for ref, commit in refs.items():
+        files = hist.files(commit)
+        docs = stored(world, src, ref)
+        got = {(d[F.PATH], d[F.START_LINE], d[F.END_LINE], d[F.CONTENT]) for d in docs}
+        assert got == expected(deps, files), (ref, sorted(got ^ expected(deps, files))[:6])
+        assert len(docs) == len(got), f"{ref}: two documents for one chunk"
+        distinct |= got
+        for d in docs:  # read is byte-exact for every chunk of every ref
+            res = read_lines(deps.chunks, deps.blobs, scope, ReadRequest(
+                path=d[F.PATH], blob_sha=d[F.BLOB_SHA], start_line=d[F.START_LINE], end_line=d[F.END_LINE]))
+            want = b"".join(split_lines(files[d[F.PATH]])[d[F.START_LINE] - 1:d[F.END_LINE]])
+            assert result_bytes(res) == want
+    everything = stored(world, src)
+    assert len(everything) == len(distinct), "chunk documents are not the distinct chunks of the refs"
+    assert {r for d in everything for r in d[F.REFS]} <= set(refs)
+    status = {r["ref"]: r["commit"] for r in source_status(deps.records, deps.chunks, src)["refs"]}
+    assert status == refs
+    seen = world["emb"].seen
+    assert len(seen) == len(set(seen)), "a text was embedded twice"
+    return len(refs)
+
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("commit"), st.sampled_from(BRANCHES),
+              st.dictionaries(st.sampled_from(FILES), st.one_of(st.none(), st.lists(st.sampled_from(LINES),
+                                                                                  min_size=1, max_size=9)),
+                              min_size=1, max_size=3)),
+    st.tuples(st.just("branch"), st.sampled_from(BRANCHES), st.sampled_from(BRANCHES)),
+    st.tuples(st.just("delete"), st.sampled_from(BRANCHES[1:]), st.just(None)),
+    st.tuples(st.just("force"), st.sampled_from(BRANCHES), st.sampled_from(BRANCHES)),
+    st.tuples(st.just("tag"), st.sampled_from(TAGS), st.sampled_from(BRANCHES)),
+    st.tuples(st.just("sync"), st.just(None), st.just(None)),
+), min_size=3, max_size=14)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                    HealthCheck.too_slow])
+@given(ops=OPS)
+def test_every_ref_equals_a_fresh_index_without_copies(world: dict[str, Any], tmp_path_factory: Any,
+                                                       ops: list[tuple[str, Any, Any]]) -> None:
+    deps: SyncDeps = world["deps"]
+    hist = History(tmp_path_factory.mktemp("hist") / "repo.git")
+    trees: dict[str, dict[str, str]] = {"main": {"a.py": "def alpha():\n    return 1\n", "b.md": "# notes\n"}}
+    first = hist.commit("main", trees["main"])
+    for name in ("b1", "b2"):  # every history starts with three branches and a tag, the ops change them from there
+        git(hist.path, "update-ref", f"refs/heads/{name}", first)
+    hist.commit("b2", {**trees["main"], "c.txt": "text line\nvalue = 3\n"})
+    git(hist.path, "tag", "v1", first)
+    src = Source(id=Source.new_id(), agent_name="mref", context_id=uuid.uuid4().hex[:8], repo_url=str(hist.path),
+                 ref="main", refs=["main", "b*", "v*"], webhooks=False)
+    deps.records.put_source(src)
+    most = 0
+    for op, a, b in [*ops, ("sync", None, None)]:
+        heads = hist.refs()
+        if op == "commit" and a in heads:
+            tree = {**hist_tree(hist, heads[a])}
+            for name, lines in b.items():
+                if lines is None:
+                    tree.pop(name, None)
+                else:
+                    tree[name] = "\n".join(lines) + "\n"
+            hist.commit(a, tree)
+        elif op == "branch" and b in heads and a not in heads:
+            git(hist.path, "update-ref", f"refs/heads/{a}", heads[b])
+        elif op == "delete" and a in heads:
+            git(hist.path, "update-ref", "-d", f"refs/heads/{a}")
+        elif op == "force" and a in heads and b in heads and a != b:
+            git(hist.path, "update-ref", f"refs/heads/{a}", heads[b])  # history rewritten to another tip
+        elif op == "tag" and b in heads:
+            git(hist.path, "tag", "-f", a, heads[b])
+        elif op == "sync":
+            job = run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
+            assert job.state.value == "done", job.errors
+            most = max(most, check(world, hist, src))
+    event(f"most refs at a sync: {most}")
+    # Every ref deleted: the last sync leaves nothing of the source.
+    for name in hist.refs():
+        kind = "tags" if name in TAGS else "heads"
+        git(hist.path, "update-ref", "-d", f"refs/{kind}/{name}")
+    run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
+    assert stored(world, src) == []
+    assert source_status(deps.records, deps.chunks, src)["refs"] == []
+
+
+def hist_tree(hist: History, commit: str) -> dict[str, str]:
+    return {k: v.decode() for k, v in hist.files(commit).items()}
+
+
+def test_a_new_branch_reuses_every_unchanged_chunk(world: dict[str, Any], tmp_path_factory: Any) -> None:
+    """20 branches that differ from main by one file each: each joins main's chunks and writes only its file's."""
+    deps: SyncDeps = world["deps"]
+    hist = History(tmp_path_factory.mktemp("hist") / "repo.git")
+    base = {f"f{i}.py": "\n".join(f"def f{i}_{j}():\n    return {j}" for j in range(6)) + "\n" for i in range(10)}
+    main = hist.commit("main", base)
+    src = Source(id=Source.new_id(), agent_name="mref", context_id="twenty", repo_url=str(hist.path), ref="main",
+                 refs=["main", "b*"], webhooks=False)
+    deps.records.put_source(src)
+    first = run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
+    one_branch = len(stored(world, src))
+    for n in range(20):
+        git(hist.path, "update-ref", f"refs/heads/b{n}", main)
+        hist.commit(f"b{n}", {**base, "f0.py": base["f0.py"] + f"def extra_{n}():\n    return {n}\n"})
+    job = run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
+    assert job.state.value == "done", job.errors
+    assert set(job.ref_commits) == {"main", *(f"b{n}" for n in range(20))}
+    total = len(stored(world, src))
+    # each branch adds only the chunk(s) of its changed tail of f0.py; everything else is shared
+    assert one_branch < total <= one_branch + 20 * 3, (one_branch, total)
+    assert job.chunks_written <= 20 * 3 < first.chunks_written * 2
+    assert job.chunks_linked >= 20 * (one_branch - 3)
+    assert np.isfinite(job.chunks_linked)
+    check(world, hist, src)
