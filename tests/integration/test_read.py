@@ -187,3 +187,49 @@ def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -
     # the head of this repository asked of another repository name: 404
     r = c.post("/v1/search", json={"query": "readmarker_crlf", "ref": head, "repo": "acme/other"}, headers=mine)
     assert r.status_code == 404
+
+
+def test_a_source_with_many_refs_over_the_api(api: dict[str, Any]) -> None:  # noqa: F811
+    """Issue 23 through REST on both profiles: refs patterns, search by branch, tag and head commit, status per
+    ref, a deleted branch leaving only its membership."""
+    c, rt, repo = api["client"], api["rt"], api["repo"]
+    main = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "tag", "v1.0")
+    git(repo, "checkout", "-q", "-b", "feature/x")
+    (repo / "feature.py").write_text("def multiref_feature_only():\n    return 'x'\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "feature")
+    feature = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "main")
+    r = c.post("/v1/sources", json={"agent_name": "multi", "context_id": "c", "repo_url": str(repo), "ref": "main",
+                                    "refs": ["main", "feature/*", "v*"]})
+    assert r.status_code == 201, r.text
+    src = r.json()
+    assert src["refs"] == ["main", "feature/*", "v*"]
+    assert c.post("/v1/sources", json={"agent_name": "multi", "context_id": "c", "repo_url": str(repo),
+                                       "refs": ["a b"]}).status_code == 422
+    job = run_sync(rt.sync_deps(), "mr-" + uuid.uuid4().hex[:8], [src["id"]], trigger="cli")
+    assert job.ref_commits == {"feature/x": feature, "main": main, "v1.0": main}
+    rt.chunks.refresh()
+    key = {"Authorization": "Bearer " + c.post("/v1/keys", json={"agent_name": "multi"}).json()["key"]}
+
+    def paths(ref: str | None, query: str = "profiles_marker_function multiref_feature_only") -> list[tuple[str, ...]]:
+        body = {"query": query, "max_results": 10, "context_id": "c", **({"ref": ref} if ref else {})}
+        r = c.post("/v1/search", json=body, headers=key)
+        assert r.status_code == 200, r.text
+        return sorted((h["path"], h["ref"], h["commit"]) for h in r.json()["hits"])
+
+    assert paths("feature/x") == [("feature.py", "feature/x", feature), ("lib.py", "feature/x", feature)]
+    assert paths("main") == [("lib.py", "main", main)]
+    assert paths("v1.0") == [("lib.py", "v1.0", main)]
+    assert paths(feature[:12]) == paths("feature/x")
+    assert len(paths(None)) == 2  # one document for lib.py, shared by the three refs
+    one = c.get(f"/v1/sources/{src['id']}").json()
+    assert [(x["ref"], x["commit"]) for x in one["refs"]] == [("feature/x", feature), ("main", main), ("v1.0", main)]
+    git(repo, "branch", "-q", "-D", "feature/x")
+    run_sync(rt.sync_deps(), "mr-" + uuid.uuid4().hex[:8], [src["id"]], trigger="cli")
+    rt.chunks.refresh()
+    assert c.post("/v1/search", json={"query": "x", "ref": "feature/x", "context_id": "c"},
+                  headers=key).status_code == 404
+    assert paths(None) == [("lib.py", "main", main)]
+    assert paths("v1.0") == [("lib.py", "v1.0", main)]
