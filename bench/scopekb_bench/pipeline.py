@@ -152,19 +152,22 @@ def _git(repo: Path, *args: str) -> bytes:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=True).stdout
 
 
-def _chunks_of(repo: Path, commit: str, path: str, cfg: ChunkingSettings, counter: Any) -> tuple[set[str], set[str]]:
-    """(chunk contents, embedding texts) of one file at one commit, chunked like the pipeline does."""
+def _chunks_of(repo: Path, commit: str, path: str, cfg: ChunkingSettings,
+               counter: Any) -> tuple[set[str], set[str], set[tuple[str, int, int, str]]]:
+    """(chunk contents, embedding texts, (path, start line, end line, content)) of one file at one commit, chunked
+    like the pipeline does."""
     if path_skip_reason(path):
-        return set(), set()
+        return set(), set(), set()
     try:
         data = _git(repo, "show", f"{commit}:{path}")
     except subprocess.CalledProcessError:
-        return set(), set()
+        return set(), set(), set()
     if content_skip_reason(data) or len(data) > 1024 * 1024:
-        return set(), set()
+        return set(), set(), set()
     lang = language_for(path)
     chunks = chunk_document(path, decode_text(data), lang, cfg, counter)
-    return {c.content for c in chunks}, {embedding_text(path, lang, c, cfg, counter) for c in chunks}
+    return ({c.content for c in chunks}, {embedding_text(path, lang, c, cfg, counter) for c in chunks},
+            {(path, c.start_line, c.end_line, c.content) for c in chunks})
 
 
 def changed_chunks(repo: Path, old: str, new: str, counter: Any, cfg: ChunkingSettings | None = None,
@@ -173,24 +176,29 @@ def changed_chunks(repo: Path, old: str, new: str, counter: Any, cfg: ChunkingSe
 
     ``contents``: distinct chunk contents in the changed files at ``new`` that occur nowhere in the tree at
     ``old``; ``embedding_inputs``: the same for the exact texts sent to the embedder (content plus the path and
-    symbol header), i.e. what a perfect embedding cache has to compute; ``files``: changed paths. With
-    ``whole_old_tree`` off, only the changed files' old versions are compared (cheaper on a large tree; exact for
-    a one-file edit).
+    symbol header), i.e. what a perfect embedding cache has to compute; ``positioned``: chunks of the changed
+    files at ``new`` whose (path, line range, content) the old versions do not have - what a sync whose chunk ids
+    name the line range (issue 20) must write at least; ``files``: changed paths. With ``whole_old_tree`` off,
+    only the changed files' old versions are compared (cheaper on a large tree; exact for a one-file edit).
     """
     cfg = cfg or ChunkingSettings()
     names = _git(repo, "diff", "--name-only", "--no-renames", old, new).decode().splitlines()
     old_files = _git(repo, "ls-tree", "-r", "--name-only", old).decode().splitlines() if whole_old_tree else names
     old_contents: set[str] = set()
     old_texts: set[str] = set()
+    old_pos: set[tuple[str, int, int, str]] = set()
     for p in old_files:
-        c, t = _chunks_of(repo, old, p, cfg, counter)
+        c, t, pos = _chunks_of(repo, old, p, cfg, counter)
         old_contents |= c
         old_texts |= t
+        old_pos |= pos
     new_contents: set[str] = set()
     new_texts: set[str] = set()
+    new_pos: set[tuple[str, int, int, str]] = set()
     for p in names:
-        c, t = _chunks_of(repo, new, p, cfg, counter)
+        c, t, pos = _chunks_of(repo, new, p, cfg, counter)
         new_contents |= c
         new_texts |= t
+        new_pos |= pos
     return {"files": len(names), "contents": len(new_contents - old_contents),
-            "embedding_inputs": len(new_texts - old_texts)}
+            "embedding_inputs": len(new_texts - old_texts), "positioned": len(new_pos - old_pos)}

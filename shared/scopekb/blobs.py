@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from minio import Minio
 from minio.error import MinioException, S3Error
@@ -119,3 +120,42 @@ class LocalBlobStore:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+
+class BlobUploads:
+    """Blob-store puts sent concurrently while the sync goes on (issue 20).
+
+    :meth:`put` hands a blob to a pool of ``workers`` threads and returns at once (the S3 client releases the GIL
+    while it waits for the server); :meth:`wait` blocks until the named blobs (or all) are stored and re-raises the
+    first failure. The sync waits for a batch's blobs before writing that batch's chunks, so every chunk in the
+    index has its blob in the store (the read path and reindex rely on it), and for all of them before it ends.
+    Puts of one key are sent once per :class:`BlobUploads` (content-addressed keys: the same bytes).
+
+    Args:
+        store: where blobs go.
+        workers: puts in flight at most (8: enough to hide SeaweedFS/MinIO latency on small files without
+            overloading a 2-core machine; measured in bench/ as part of the sync read phase).
+    """
+
+    def __init__(self, store: BlobStore, workers: int = 8) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.store = store
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="blob-put")
+        self._futures: dict[str, Any] = {}
+
+    def put(self, key: str, data: bytes) -> None:
+        """Start storing ``data`` under ``key`` (no-op when already started)."""
+        if key not in self._futures:
+            self._futures[key] = self._pool.submit(self.store.put, key, data)
+
+    def wait(self, keys: Iterable[str] | None = None) -> None:
+        """Block until the puts of ``keys`` (all when None) finished. Raises the first put's error."""
+        futures = list(self._futures.values()) if keys is None else [self._futures[k] for k in keys
+                                                                     if k in self._futures]
+        for f in futures:
+            f.result()
+
+    def close(self) -> None:
+        """Stop the threads (puts still running finish first)."""
+        self._pool.shutdown(wait=True)

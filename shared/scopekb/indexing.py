@@ -30,13 +30,14 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from scopekb import fields as F
 from scopekb import filetypes
-from scopekb.blobs import BlobStore, LocalBlobStore, blob_key
+from scopekb.blobs import BlobStore, BlobUploads, LocalBlobStore, blob_key
 from scopekb.chunking import TokenCounter, chunk_document, embedding_text
 from scopekb.documents import (
     DOCUMENT_SUFFIXES,
@@ -164,6 +165,8 @@ class _Plan:
     rewrite: set[str] = field(default_factory=set)
     #: A ref indexed for the first time starts as a copy of this indexed ref's membership (issue 23).
     copy_from: str | None = None
+    #: Blob ids the index already holds for this source and scope (so the blob store has them).
+    held: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -181,6 +184,8 @@ class _Prepared:
 
     entry: TreeEntry
     skip: str | None = None
+    #: The blob's bytes as read from git (None: read it back from the blob store).
+    data: bytes | None = None
 
 
 def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str = "webhook",
@@ -403,7 +408,19 @@ def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPr
     deps.records.put_job(job)
     wanted = sorted({p for plan in plans for p in plan.to_index})
     job.files_seen += len(wanted)
-    prepared = _read_and_store(deps, reader, tree, wanted, job, progress)
+    uploads = BlobUploads(deps.blobs)
+    try:
+        held = frozenset(b for plan in plans for b in plan.held)
+        prepared = _read_and_store(deps, reader, tree, wanted, job, progress, uploads, held)
+        _write_ref(deps, job, plans, prepared, ref, target, progress, uploads)
+    finally:
+        uploads.close()
+
+
+def _write_ref(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Prepared], ref: str, target: str,
+               progress: Progress | None, uploads: BlobUploads) -> None:
+    """The writing half of :func:`_sync_ref`: mark the ref as being written, copy membership, index, delete, and
+    advance the ref's state once every write and blob put has finished."""
     for plan in plans:  # from here on a death leaves files half-written: say so in the sync state first
         if plan.to_index or plan.to_delete or plan.copy_from:
             _put_ref_state(deps, plan.source, ref, {**plan.state, "writing": target})
@@ -415,7 +432,8 @@ def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPr
             log.info("ref_copied", source_id=src.id, ref=ref, from_ref=plan.copy_from, chunks=joined)
     # Files are counted only once a process died running this job: a healthy sync costs Redis nothing.
     attempts = deps.attempts if job.retries.get("redelivered") else None
-    outcome = _index(deps, job, plans, prepared, target, progress, attempts, ref)
+    outcome = _index(deps, job, plans, prepared, target, progress, attempts, ref, uploads)
+    uploads.wait()  # every blob of this ref's sync is in the blob store before its state advances
     for plan in plans:
         if plan.to_delete:
             src = plan.source
@@ -507,6 +525,7 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
         plan.to_index = [p for p, e in tree.items() if trusted.get(p) != e.sha]
         plan.to_delete = sorted(set(indexed) - set(tree))
         plan.maybe_stale = set(indexed) & set(plan.to_index)
+        plan.held = {b for b in trusted.values() if b}
         mode = "verify" if verify else "full"
         if verify:
             plan.rewrite = set(plan.maybe_stale)
@@ -522,19 +541,30 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
     return plan
 
 
+#: Bytes of blob contents a sync keeps in memory from the git reader so chunking needs no blob-store read;
+#: files past it are read back from the blob store (after their put finished).
+KEEP_IN_MEMORY_BYTES = 256 * 1024 * 1024
+
+
 def _read_and_store(deps: SyncDeps, mirror: Mirror | ObjectPrefix | FolderPrefix, tree: dict[str, TreeEntry],
-                    paths: list[str], job: Job, progress: Progress | None) -> dict[str, _Prepared]:
-    """Classify and read each path once; put text blobs in the blob store. Returns path → outcome."""
+                    paths: list[str], job: Job, progress: Progress | None, uploads: BlobUploads,
+                    held: frozenset[str] = frozenset()) -> dict[str, _Prepared]:
+    """Classify and read each path once; start putting text blobs in the blob store (concurrently, through
+    ``uploads``) unless ``held`` says the index already holds that blob (content-addressed: it was stored when
+    those chunks were written). Returns path → outcome; up to :data:`KEEP_IN_MEMORY_BYTES` of text stay in the
+    outcomes so chunking reads them straight from the git reader."""
     s = deps.settings
     documents = isinstance(mirror, (ObjectPrefix, FolderPrefix))
     vendored = frozenset() if documents else _vendored_paths(mirror, tree)
     out: dict[str, _Prepared] = {}
-    stored: set[str] = set()
+    seen: dict[str, tuple[str | None, bytes | None]] = {}  # blob sha -> (skip reason, bytes kept in memory)
+    kept = 0
     for n, path in enumerate(paths, 1):
         e = tree.get(path)
         if e is None:  # deleted between diff and tree listing cannot happen for one commit; be safe
             continue
         reason = None
+        data: bytes | None = None
         if e.mode == MODE_GITLINK:
             reason = filetypes.SKIP_SUBMODULE
         elif e.mode == MODE_SYMLINK:
@@ -545,7 +575,9 @@ def _read_and_store(deps: SyncDeps, mirror: Mirror | ObjectPrefix | FolderPrefix
                 reason = filetypes.SKIP_TOO_LARGE
         if reason is None and documents and not path.lower().endswith(DOCUMENT_SUFFIXES):
             reason = SKIP_UNSUPPORTED
-        if reason is None and e.sha not in stored:
+        if reason is None and e.sha in seen:
+            reason, data = seen[e.sha]
+        elif reason is None:
             data = mirror.read_blob(e.sha)
             if documents:
                 try:
@@ -555,9 +587,16 @@ def _read_and_store(deps: SyncDeps, mirror: Mirror | ObjectPrefix | FolderPrefix
                     job.errors.append(f"{path}: {err}")
             reason = reason or filetypes.content_skip_reason(data)
             if reason is None:
-                deps.blobs.put(blob_key(e.sha), data)
-                stored.add(e.sha)
-        out[path] = _Prepared(entry=e, skip=reason)
+                if e.sha not in held:
+                    uploads.put(blob_key(e.sha), data)
+                if kept + len(data) > KEEP_IN_MEMORY_BYTES:
+                    data = None
+                else:
+                    kept += len(data)
+            else:
+                data = None
+            seen[e.sha] = (reason, data)
+        out[path] = _Prepared(entry=e, skip=reason, data=data)
         if reason:
             job.files_skipped[reason] = job.files_skipped.get(reason, 0) + 1
         if progress:
@@ -581,10 +620,24 @@ def _vendored_paths(mirror: Mirror, tree: dict[str, TreeEntry]) -> frozenset[str
 
 
 def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Prepared], commit: str,
-           progress: Progress | None, attempts: FileAttempts | None = None, ref: str | None = None) -> _Outcome:
+           progress: Progress | None, attempts: FileAttempts | None = None, ref: str | None = None,
+           uploads: BlobUploads | None = None) -> _Outcome:
     """Chunk and write every planned path of ``ref`` (default: each source's ``ref``) for every source, batch by
     batch. A chunk the store already holds for another ref of the source joins ``ref`` without being written or
-    embedded again; a chunk written anew keeps the refs it had (issue 23)."""
+    embedded again; a chunk written anew keeps the refs it had (issue 23). A batch's chunks are written only once
+    its blobs are in the blob store (``uploads``)."""
+    # One writer thread: batch i is bulk-written while batch i+1 is chunked (and embedded); at most one batch is
+    # in flight, so memory holds at most two batches of documents (issue 20).
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-writer")
+    try:
+        return _index_batches(deps, job, plans, prepared, commit, progress, attempts, ref, uploads, writer)
+    finally:
+        writer.shutdown(wait=True)
+
+
+def _index_batches(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Prepared], commit: str,
+                   progress: Progress | None, attempts: FileAttempts | None, ref: str | None,
+                   uploads: BlobUploads | None, writer: ThreadPoolExecutor) -> _Outcome:
     s = deps.settings
     out = _Outcome()
     failed = out.failed
@@ -594,6 +647,7 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
     group = sorted(index_sets)
     crash = _test_crash_paths()
     done = 0
+    pending: Future[None] | None = None
     for i in range(0, len(all_paths), s.worker.batch_files):
         batch = all_paths[i:i + s.worker.batch_files]
         docs: list[dict[str, Any]] = []
@@ -608,7 +662,7 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
             if prep.skip is None:
                 sha = prep.entry.sha
                 got = (chunk_cache[sha] if sha in chunk_cache
-                       else _chunk_file(deps, job, group, path, sha, crash, attempts))
+                       else _chunk_file(deps, job, group, path, sha, crash, attempts, prep.data, uploads))
                 if got is None:
                     failed_paths.add(path)
                 else:
@@ -640,23 +694,18 @@ def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Pr
                         doc[F.EMBEDDING] = vec
                         doc[F.EMBEDDING_MODEL] = deps.embedder.model_id
                     docs.append(doc)
-        report = _bulk_write(deps, job, docs)
-        job.chunks_written += report.written
-        bad_ids = {d for d, _, _ in report.errors}
-        for _doc_id, path, reason in report.errors:
-            job.errors.append(f"{path}: {reason}")
-        for d in docs:
-            if d["_id"] in bad_ids:
-                failed.add(d[F.SOURCE_ID])
-                out.refused.add(d[F.SOURCE_ID])
-            else:
-                out.written.add(d[F.PATH])
-        # Chunks of re-indexed paths that the new version no longer has, deleted by id after the writes.
-        for (agent, ctx, sid), ids in vanished.items():
-            job.chunks_deleted += deps.chunks.remove_ref(agent, ctx, sid, ref or _source_ref(plans, sid),
-                                                         ids=ids)[1]
+        if pending is not None:
+            pending.result()  # the previous batch is written: its progress is recorded before this one starts
+            deps.records.put_job(job)
+            if progress:
+                progress("index", done, len(all_paths))
         done += len(batch)
-        deps.records.put_job(job)  # progress
+        pending = writer.submit(_write_batch, deps, job, out, docs,
+                                {k: (ref or _source_ref(plans, k[2]), ids) for k, ids in vanished.items()},
+                                [blob_key(sha) for path, _, sha, _ in per_path if path not in failed_paths], uploads)
+    if pending is not None:
+        pending.result()
+        deps.records.put_job(job)
         if progress:
             progress("index", done, len(all_paths))
     return out
@@ -701,6 +750,30 @@ def _link_shared(deps: SyncDeps, job: Job, plans: list[_Plan], writes: dict[tupl
         if report.errors:  # the ref would miss chunks: the task retries the sync (nothing recorded as indexed)
             raise StoreUnavailable(f"{len(report.errors)} chunks did not join ref {ref!r}: {report.errors[0][2][:300]}")
     return keep
+
+
+def _write_batch(deps: SyncDeps, job: Job, out: _Outcome, docs: list[dict[str, Any]],
+                 vanished: dict[tuple[str, str, str], tuple[str, list[str]]], keys: list[str],
+                 uploads: BlobUploads | None) -> None:
+    """Write one batch (in :func:`_index`'s writer thread, while the next batch is chunked): wait for its blobs to
+    be stored, bulk-write its chunks (bounded retries), record refusals, then take the ref off the chunks of
+    re-indexed paths that its new version no longer has (``(agent, context, source id) -> (ref, ids)``; a chunk
+    no ref uses any more is deleted)."""
+    if uploads is not None:
+        uploads.wait(keys)
+    report = _bulk_write(deps, job, docs)
+    job.chunks_written += report.written
+    bad_ids = {d for d, _, _ in report.errors}
+    for _doc_id, path, reason in report.errors:
+        job.errors.append(f"{path}: {reason}")
+    for d in docs:
+        if d["_id"] in bad_ids:
+            out.failed.add(d[F.SOURCE_ID])
+            out.refused.add(d[F.SOURCE_ID])
+        else:
+            out.written.add(d[F.PATH])
+    for (agent, ctx, sid), (ref, ids) in vanished.items():
+        job.chunks_deleted += deps.chunks.remove_ref(agent, ctx, sid, ref, ids=ids)[1]
 
 
 def _changes(deps: SyncDeps, plans: list[_Plan], index_sets: dict[str, frozenset[str]],
@@ -754,11 +827,16 @@ def _changes(deps: SyncDeps, plans: list[_Plan], index_sets: dict[str, frozenset
 
 
 def _chunk_file(deps: SyncDeps, job: Job, group: Sequence[str], path: str, sha: str, crash: frozenset[str],
-                attempts: FileAttempts | None = None) -> list[Chunk] | None:
+                attempts: FileAttempts | None = None, data: bytes | None = None,
+                uploads: BlobUploads | None = None) -> list[Chunk] | None:
     """Chunks of one file, or None when it is skipped: its chunking raised, or the process died while chunking
     it more than ``attempts.limit`` times (counted from the job's first redelivery; then it is parked as a dead
     letter and not tried again)."""
-    text = filetypes.decode_text(deps.blobs.get(blob_key(sha)))  # store errors are the sync's, not the file's
+    if data is None:  # not kept from the git reader: read back once its put finished
+        if uploads is not None:
+            uploads.wait([blob_key(sha)])
+        data = deps.blobs.get(blob_key(sha))  # store errors are the sync's, not the file's
+    text = filetypes.decode_text(data)
     if attempts is not None:
         n = attempts.begin(group, path, sha)
         if n > attempts.limit:

@@ -55,6 +55,9 @@ class OpenSearchSettings(BaseModel):
     timeout_s: float = 30.0
     #: Bulk request body size target in bytes (DESIGN §4.7: "a few MiB").
     bulk_max_bytes: int = 4 * 1024 * 1024
+    #: Bulk requests of one write sent at the same time (issue 20): requests are cut by ``bulk_max_bytes`` (at most
+    #: 10,000 documents each) and up to this many are in flight; 1 sends them one after the other.
+    bulk_in_flight: int = Field(default=2, ge=1, le=16)
     #: Replica copies of each chunk index shard (0: one node; 1 on a cluster of 2 or more data nodes).
     replicas: int = 0
     #: Primary shards of a new chunk index; default ``ceil(expected_chunks / chunks_per_shard)``.

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from scopekb import fields as F
-from scopekb.blobs import LocalBlobStore, S3BlobStore
+from scopekb.blobs import LocalBlobStore, S3BlobStore, blob_key
 from scopekb.indexing import SyncDeps, run_sync
 from scopekb.models import Source
 from scopekb.settings import Settings
@@ -91,6 +91,16 @@ def chunks_of(deps: SyncDeps, src: Source, path: str) -> dict[str, tuple[int, in
     return rows
 
 
+def assert_blobs_stored(deps: SyncDeps, src: Source, paths: list[str]) -> None:
+    """Every blob a chunk names is in the blob store when the sync has ended (the read path relies on it), although
+    puts run concurrently with chunking and chunking reads straight from the git reader (issue 20)."""
+    held = {b for v in deps.chunks.chunk_versions(src.agent_name, src.context_id, src.id, paths).values()
+            for b, _ in v.values()}
+    assert held and "" not in held
+    for b in held:
+        assert deps.blobs.get(blob_key(b))
+
+
 def functions(n: int, edited: int | None = None) -> str:
     out = []
     for i in range(n):
@@ -123,6 +133,7 @@ def test_one_function_edit_rewrites_only_changed_chunks(deps: SyncDeps, tmp_path
     assert job["chunks_deleted"] == len(gone)
     kept = set(before) & set(after)
     assert len(kept) == len(after) - len(new)  # every unchanged chunk kept its id
+    assert_blobs_stored(deps, src, ["mod.txt", "other.txt"])
 
     fresh = source(deps, repo)
     sync(deps, fresh)

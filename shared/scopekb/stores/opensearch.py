@@ -201,8 +201,9 @@ class OpenSearchChunkStore:
 
     def __init__(self, client: OpenSearch, alias: str = "scopekb-chunks", dimension: int | None = None,
                  model: str | None = None, shards: int = 1, replicas: int = 0,
-                 bulk_max_bytes: int = 4 * 1024 * 1024) -> None:
+                 bulk_max_bytes: int = 4 * 1024 * 1024, bulk_in_flight: int = 1) -> None:
         self.client = client
+        self.bulk_in_flight = max(1, int(bulk_in_flight))
         self.alias = alias
         self.dimension = dimension
         self.model = model
@@ -356,7 +357,8 @@ class OpenSearchChunkStore:
     # ---- writes ----------------------------------------------------------------------------------------------
 
     def bulk_write(self, docs: Iterable[dict[str, Any]], refresh: bool = False) -> BulkReport:
-        """Index chunk documents (each with ``_id``) in bulk requests of about ``bulk_max_bytes``.
+        """Index chunk documents (each with ``_id``) in bulk requests of about ``bulk_max_bytes``, up to
+        ``bulk_in_flight`` requests at once.
 
         Per-item errors are inspected: 429 items are retried with backoff (up to 5 attempts, counted in
         ``BulkReport.retried``); any other error (e.g. a mapping error) is returned against the document's path,
@@ -370,10 +372,7 @@ class OpenSearchChunkStore:
             actions = ({"_op_type": "index", "_index": self.alias, "_id": d["_id"],
                         "_source": {k: v for k, v in d.items() if k != "_id"}} for d in pending)
             by_id = {d["_id"]: d for d in pending}
-            for ok, item in helpers.streaming_bulk(self.client, actions, max_chunk_bytes=self.bulk_max_bytes,
-                                                   chunk_size=500, raise_on_error=False,
-                                                   raise_on_exception=False, max_retries=0,
-                                                   params=_BULK_PARAMS):
+            for ok, item in self._bulk(actions):
                 info = item.get("index", {})
                 if ok:
                     report.written += 1
@@ -398,6 +397,18 @@ class OpenSearchChunkStore:
         if refresh:
             self.refresh()
         return report
+
+    def _bulk(self, actions: Iterable[dict[str, Any]]) -> Iterator[tuple[bool, dict[str, Any]]]:
+        """(ok, item) per action: requests cut at ``bulk_max_bytes`` (or 10,000 actions), ``bulk_in_flight`` of them
+        sent at once (issue 20); transport failures come back as failed items, never raised."""
+        if self.bulk_in_flight > 1:
+            return helpers.parallel_bulk(self.client, actions, thread_count=self.bulk_in_flight,
+                                         queue_size=self.bulk_in_flight, chunk_size=10_000,
+                                         max_chunk_bytes=self.bulk_max_bytes, raise_on_error=False,
+                                         raise_on_exception=False, params=_BULK_PARAMS)
+        return helpers.streaming_bulk(self.client, actions, max_chunk_bytes=self.bulk_max_bytes, chunk_size=10_000,
+                                      raise_on_error=False, raise_on_exception=False, max_retries=0,
+                                      params=_BULK_PARAMS)
 
     def delete_path(self, scope_agent: str, scope_context: str, source_id: str, path: str,
                     keep_ids: Sequence[str] = ()) -> int:
