@@ -449,17 +449,19 @@ class SqliteChunkStore:
             gone = [(r[0],) for r in rows if r[1] not in keep]
             if not gone:
                 return 0
-            conn.executemany("DELETE FROM chunks WHERE rowid = ?", gone)
-            conn.executemany("DELETE FROM chunk_refs WHERE chunk = ?", gone)
-            conn.executemany("DELETE FROM chunk_docs WHERE rowid = ?", gone)
-            conn.executemany("DELETE FROM chunks_fts WHERE rowid = ?", gone)
-            conn.executemany("DELETE FROM chunks_tri WHERE rowid = ?", gone)
-            conn.executemany("DELETE FROM chunk_defs WHERE rowid = ?", gone)
-            conn.executemany("DELETE FROM chunk_meta WHERE rowid = ?", gone)
-            if any(r[2] for r in rows if r[1] not in keep):
-                conn.executemany("DELETE FROM chunk_vectors WHERE rowid = ?", gone)
-                self._bump_vec_gen(conn)
+            self._drop_rows(conn, gone, any(r[2] for r in rows if r[1] not in keep))
             return len(gone)
+
+    def _drop_rows(self, conn: sqlite3.Connection, gone: list[tuple[int]], vectors: bool) -> None:
+        """Delete chunk rows and everything keyed by their rowid (a rowid is reused by the next insert, so no
+        table may keep a row of a deleted chunk)."""
+        conn.executemany("DELETE FROM chunks WHERE rowid = ?", gone)
+        conn.executemany("DELETE FROM chunk_refs WHERE chunk = ?", gone)
+        for table in ("chunk_docs", "chunks_fts", "chunks_tri", "chunk_defs", "chunk_meta"):
+            conn.executemany(f"DELETE FROM {table} WHERE rowid = ?", gone)
+        if vectors:
+            conn.executemany("DELETE FROM chunk_vectors WHERE rowid = ?", gone)
+            self._bump_vec_gen(conn)
 
     # ---- ref membership (issue 23) ---------------------------------------------------------------------------
 
@@ -544,12 +546,7 @@ class SqliteChunkStore:
             if orphans:
                 vec = conn.execute(f"SELECT COUNT(*) FROM chunks WHERE has_vec = 1 AND rowid IN "
                                    f"({','.join(str(o[0]) for o in orphans)})").fetchone()[0]
-                conn.executemany("DELETE FROM chunks WHERE rowid = ?", orphans)
-                conn.executemany("DELETE FROM chunk_docs WHERE rowid = ?", orphans)
-                conn.executemany("DELETE FROM chunks_fts WHERE rowid = ?", orphans)
-                if vec:
-                    conn.executemany("DELETE FROM chunk_vectors WHERE rowid = ?", orphans)
-                    self._bump_vec_gen(conn)
+                self._drop_rows(conn, orphans, bool(vec))
         return len(unlinked) + len(orphans), len(orphans)
 
     def copy_ref(self, scope_agent: str, scope_context: str, source_id: str, from_ref: str, to_ref: str,
