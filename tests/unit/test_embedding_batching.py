@@ -1,0 +1,58 @@
+"""Issue #19: the local embedder's batching is pure logic (no model): length-sorted batches within a text and a
+padded-token budget, truncation that matches Hugging Face's for one ``[CLS] … [SEP]`` sequence, thread count."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scopekb.embedding.local import cpu_threads, default_model_id, l2_normalise, pack_batch, plan_batches
+
+
+@given(st.lists(st.integers(1, 300), max_size=200), st.integers(1, 64), st.integers(1, 5000))
+def test_plan_batches_covers_every_text_once_within_limits(lengths: list[int], max_texts: int,
+                                                            max_tokens: int) -> None:
+    batches = plan_batches(lengths, max_texts, max_tokens)
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(lengths)))
+    for b in batches:
+        assert 1 <= len(b) <= max_texts
+        width = max(lengths[i] for i in b)
+        assert len(b) == 1 or width * len(b) <= max_tokens  # a lone over-long text is its own batch
+    # longest first across the whole plan: padding only within texts of near length
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
+
+
+def test_plan_batches_packs_short_texts_together() -> None:
+    lengths = [256] * 4 + [10] * 100
+    batches = plan_batches(lengths, max_texts=64, max_tokens=1024)
+    assert [len(b) for b in batches] == [4, 64, 36]
+
+
+def test_pack_batch_truncates_like_hugging_face() -> None:
+    cls, sep = 101, 102
+    long = [cls, *range(1000, 1300), sep]  # 302 ids
+    short = [cls, 7, 8, sep]
+    ids, mask = pack_batch([long, short], max_len=256, pad_id=0)
+    assert ids.shape == (2, 256) and ids.dtype == np.int64
+    assert ids[0, 0] == cls and ids[0, 255] == sep and list(ids[0, 1:255]) == list(range(1000, 1254))
+    assert list(ids[1, :4]) == short and not ids[1, 4:].any()
+    assert mask[0].all() and list(mask[1]) == [1] * 4 + [0] * 252
+
+
+def test_threads_follow_the_cpus_this_process_may_use() -> None:
+    assert cpu_threads(3) == 3
+    assert cpu_threads(0) == len(os.sched_getaffinity(0))
+
+
+def test_int8_vectors_get_their_own_model_id() -> None:
+    torch_id, onnx_id, int8_id = (default_model_id(None, b) for b in ("torch", "onnx", "onnx-int8"))
+    assert torch_id == onnx_id and int8_id == torch_id + "+int8"
+
+
+def test_l2_normalise_keeps_zero_rows() -> None:
+    out = l2_normalise(np.array([[3.0, 4.0], [0.0, 0.0]]))
+    assert np.allclose(out, [[0.6, 0.8], [0.0, 0.0]]) and out.dtype == np.float32
