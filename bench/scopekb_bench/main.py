@@ -568,7 +568,6 @@ EXPECTED = [
     "cost.local_model.cpu_per_1k_chunks", "cost.local_model.peak_rss_per_1k_chunks",
     "cost.local_model.index_over_source",
     "incremental.keyword.one_file_push_time", "incremental.keyword.one_file_chunks_written_per_changed",
-    "incremental.keyword.one_file_chunks_written_per_positioned",
     "incremental.keyword.release_push_time", "incremental.local_model.release_reembedded_per_changed",
     "incremental.local_model.one_file_push_time", "incremental.local_model.one_file_reembedded_per_changed",
     "incremental.keyword.unchanged_resync_writes", "incremental.local_model.unchanged_resync_writes",
