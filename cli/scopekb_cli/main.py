@@ -159,6 +159,21 @@ def beat(loglevel: str = "INFO") -> None:
     celery_app.start(["beat", f"--loglevel={loglevel}"])
 
 
+@app.command("reconcile")
+def reconcile_cmd() -> None:
+    """Run one reconcile pass now (beat runs one every worker.reconcile_interval_s): settle queued jobs whose task
+    message the broker lost (enqueued again once, then failed with the reason), and enqueue a verifying sync for
+    every repository and ref."""
+    from scopekb.runtime import build_control_runtime
+
+    s = get_settings()
+    configure_logging("console" if s.log_format == "auto" else s.log_format, "WARNING")
+    res = ops.reconcile(build_control_runtime(s, name="scopekb-cli"))
+    out.print(f"verifying syncs enqueued: {res['groups']} (skipped while syncing: {res['busy']}); jobs whose "
+              f"message was lost: {len(res['requeued'])} enqueued again {res['requeued']}, {len(res['failed'])} "
+              f"failed {res['failed']}", markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command("reindex")
 def reindex_cmd(wait_s: Annotated[int, typer.Option(help="seconds to wait for running syncs")] = 600) -> None:
     """Rebuild the chunk index for the configured mapping and embedding model, then swap the alias atomically.
@@ -597,10 +612,13 @@ def read(path: Annotated[str, typer.Argument(help="a search hit's path")],
 
 @app.command()
 def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Sources with their indexed commit, documents, chunks and ranking choice (``scopekb eval --tune``)."""
+    """The search store's health (OpenSearch: cluster status, nodes, what it cannot serve), then the sources with
+    their indexed commit, documents, chunks and ranking choice (``scopekb eval --tune``; ``--json``: the sources
+    only)."""
     from scopekb import tuning
 
     rt = _rt()
+    health = rt.chunks.cluster_health()
     rows = []
     for src in rt.records.list_sources():
         st = rt.chunks.source_stats(src.id)
@@ -611,6 +629,9 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     if as_json:
         out.print_json(json.dumps(rows))
         return
+    out.print(f"search store: {health['store']} {health['status']}, {health['nodes']} node(s), "
+              f"{health['data_nodes']} data node(s), unassigned shard copies: {health['unassigned_shards']}"
+              + (f"; {health['problem']}" if health["problem"] else ""), markup=False, highlight=False)
     t = Table("source", "scope", "repo", "ref", "indexed commit", "documents", "chunks", "ranking")
     for r in rows:
         _add_row(t, r["source"], r["scope"], str(r["repo"]), r["ref"], (r["indexed_commit"] or "-")[:12],

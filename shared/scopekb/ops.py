@@ -23,7 +23,7 @@ from scopekb.auth import ApiKey, new_key
 from scopekb.coordination import keys
 from scopekb.errors import NotFound, Refused, Transient
 from scopekb.logging import get_logger
-from scopekb.models import DeadLetter, Job, KeyCreate, Source, SourceCreate, utcnow
+from scopekb.models import DeadLetter, Job, JobState, KeyCreate, Source, SourceCreate, utcnow
 from scopekb.queue import TASK_SYNC_SOURCES
 from scopekb.runtime import ControlRuntime, Runtime
 from scopekb.sources import validate_repo_url, webhook_secret_for
@@ -104,8 +104,9 @@ def source_report(rt: Runtime, src: Source) -> dict[str, Any]:
 
 
 def index_status(rt: Runtime) -> dict[str, Any]:
-    """The live index, its chunk count and every source with its status (``GET /v1/status``)."""
-    return {"index": rt.chunks.live_index(), "chunks": rt.chunks.count(),
+    """The search store's health (``cluster``: status, nodes, problem), the live index, its chunk count and every
+    source with its status (``GET /v1/status``)."""
+    return {"cluster": rt.chunks.cluster_health(), "index": rt.chunks.live_index(), "chunks": rt.chunks.count(),
             "sources": [source_report(rt, s) for s in rt.records.list_sources()]}
 
 
@@ -189,11 +190,15 @@ def enqueue_sync(rt: ControlRuntime, source_ids: Sequence[str], *, trigger: str,
     """
     job_id = job_id or f"{trigger}-{uuid.uuid4().hex[:16]}"
     ids = list(source_ids)
-    rt.coord.mark_queued(Job(id=job_id, source_ids=ids, ref=ref, to_commit=to_commit, trigger=trigger),
-                         ttl_s=rt.settings.worker.result_expires_s)
-    rt.tasks.send(TASK_SYNC_SOURCES, job_id, {"job_id": job_id, "source_ids": ids, "trigger": trigger,
-                                              **task_kwargs})
+    _enqueue(rt, Job(id=job_id, source_ids=ids, ref=ref, to_commit=to_commit, trigger=trigger),
+             {"job_id": job_id, "source_ids": ids, "trigger": trigger, **task_kwargs})
     return job_id
+
+
+def _enqueue(rt: ControlRuntime, job: Job, task_kwargs: dict[str, Any]) -> None:
+    """Write ``job``'s queued marker (with the task's arguments), then publish its sync task."""
+    rt.coord.mark_queued(job, ttl_s=rt.settings.worker.result_expires_s, task_kwargs=task_kwargs)
+    rt.tasks.send(TASK_SYNC_SOURCES, job.id, task_kwargs)
 
 
 def sync_source(rt: ControlRuntime, source: Source | str, trigger: str = "manual") -> str:
@@ -253,9 +258,99 @@ def get_job(rt: ControlRuntime, job_id: str) -> Job:
     return job
 
 
-def reconcile(rt: ControlRuntime) -> int:
-    """Enqueue a verifying sync for every (repository, ref) with registered sources, except those whose sync
-    runs now (their repository lock is held; the next pass checks them). Returns the number enqueued."""
+#: Seconds between the two looks at the broker that must both miss a job's message before it counts as lost
+#: (a worker moves a message from its queue list to the unacknowledged hash in two steps).
+LOST_CONFIRM_S = 2.0
+#: Times the reconcile enqueues a lost job again before it fails it with the reason.
+LOST_REQUEUES = 1
+
+
+@dataclass(frozen=True)
+class LostJobs:
+    """What :func:`settle_lost_jobs` did: job ids enqueued again and job ids failed."""
+
+    requeued: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+def _waiting_jobs(rt: ControlRuntime, grace_s: float, known: set[str]) -> dict[str, tuple[Job, dict[str, Any]]]:
+    """Jobs that should have a message in the broker: a queued marker older than ``grace_s`` for sources of this
+    deployment (``known``; other deployments may share the Redis) and either no record yet or a record still
+    ``queued`` (a retry waiting for its countdown). ``{job id: (job, task kwargs)}``."""
+    now = utcnow()
+    out: dict[str, tuple[Job, dict[str, Any]]] = {}
+    for marker, kwargs in rt.coord.queued_markers():
+        if (now - marker.created_at).total_seconds() < grace_s or not known.intersection(marker.source_ids):
+            continue
+        rec = rt.records.get_job(marker.id)
+        if rec is None or rec.state == JobState.queued:
+            out[marker.id] = (rec or marker, kwargs)
+    return out
+
+
+def settle_lost_jobs(rt: ControlRuntime, grace_s: float | None = None,
+                     confirm_s: float = LOST_CONFIRM_S) -> LostJobs:
+    """Settle queued jobs whose task message the broker lost (issue 24), so none stays ``queued`` until its marker
+    expires.
+
+    A job counts as lost when its queued marker is older than ``grace_s`` (default
+    ``worker.lost_message_grace_s``), it has no record or one still ``queued``, and the broker holds no message
+    for it - in no queue and delivered to no worker (:meth:`scopekb.runtime.CeleryTasks.held`) - at two looks
+    ``confirm_s`` apart. A lost job is enqueued again under the same job id with its original task arguments
+    (``job.retries["requeued"]`` counts it, ``job.errors`` says why); one lost again after ``LOST_REQUEUES``
+    re-enqueues is recorded ``failed`` with the reason. A wrong guess costs at most one duplicate sync (tasks
+    are idempotent and serialised by the repository lock).
+
+    The embedded profile has no broker to lose a message from (tasks run in the process that also holds the
+    markers): nothing is settled there.
+
+    Raises:
+        Transient: the coordination backend, the broker or the record store is unavailable.
+    """
+    held = getattr(rt.tasks, "held", None)
+    if held is None:
+        return LostJobs()
+    grace = rt.settings.worker.lost_message_grace_s if grace_s is None else grace_s
+    known = {s.id for s in rt.records.list_sources()}
+    first = _waiting_jobs(rt, grace, known)
+    in_broker = held(first) if first else None
+    if in_broker is None or not set(first) - in_broker:
+        return LostJobs()
+    time.sleep(confirm_s)
+    again = _waiting_jobs(rt, grace, known)
+    suspects = {j: again[j] for j in set(first) - in_broker if j in again}
+    lost = sorted(set(suspects) - (held(suspects) or set())) if suspects else []
+    out = LostJobs()
+    why = "task message lost by the broker (in no queue, held by no worker)"
+    for job_id in lost:
+        job, kwargs = suspects[job_id]
+        times = job.retries.get("requeued", 0)
+        if times < LOST_REQUEUES and kwargs:
+            job.retries["requeued"] = times + 1
+            job.errors.append(f"{why}: enqueued again by the reconcile")
+            _enqueue(rt, job.model_copy(update={"created_at": utcnow()}), kwargs)
+            out.requeued.append(job_id)
+            continue
+        job.errors.append(f"{why}{' again' if times else ''}: failed by the reconcile, whose verifying sync "
+                          "brings the sources to their ref")
+        now = utcnow()
+        rt.records.put_job(job.model_copy(update={"state": JobState.failed, "finished_at": now,
+                                                  "started_at": job.started_at or now}))
+        out.failed.append(job_id)
+    if lost:
+        log.warning("lost_jobs_settled", requeued=out.requeued, failed=out.failed)
+    return out
+
+
+def reconcile(rt: ControlRuntime) -> dict[str, Any]:
+    """Settle queued jobs whose message the broker lost (:func:`settle_lost_jobs`), then enqueue a verifying sync
+    for every (repository, ref) with registered sources, except those whose sync runs now (their repository
+    lock is held; the next pass checks them).
+
+    Returns:
+        ``{"groups": verifying syncs enqueued, "busy": groups skipped, "requeued": [job id], "failed": [job id]}``.
+    """
+    lost = settle_lost_jobs(rt)
     groups: dict[tuple[str, str], list[str]] = {}
     for src in rt.records.list_sources():  # sources tracking the same refs of a repository are synced together
         groups.setdefault((src.repo_url, "\0".join(src.ref_patterns)), []).append(src.id)
@@ -267,8 +362,9 @@ def reconcile(rt: ControlRuntime) -> int:
             continue
         enqueue_sync(rt, sorted(ids), trigger="reconcile", job_id=f"reconcile-{keys.repo_hash(url + refs)}-{stamp}",
                      ref=refs.split("\0")[0], verify=True)
-    log.info("reconcile_enqueued", groups=len(groups) - busy, busy=busy)
-    return len(groups) - busy
+    log.info("reconcile_enqueued", groups=len(groups) - busy, busy=busy, requeued=len(lost.requeued),
+             failed=len(lost.failed))
+    return {"groups": len(groups) - busy, "busy": busy, "requeued": lost.requeued, "failed": lost.failed}
 
 
 # ---- dead letters --------------------------------------------------------------------------------------------

@@ -8,6 +8,11 @@ broker a process uses is decided by :func:`scopekb.runtime.celery_app`.
 
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import Iterable
+from typing import Any
+
 from celery import Celery
 
 from scopekb.settings import Settings
@@ -48,3 +53,57 @@ def make_celery(settings: Settings, name: str, broker: str, backend: str) -> Cel
         worker_max_tasks_per_child=200,
     )
     return app
+
+
+# ---- what the Redis broker holds -------------------------------------------------------------------------------
+
+#: kombu's Redis transport keeps a queue's messages in lists ``<queue>`` and ``<queue>\x06\x16<step>`` for the
+#: priority steps 3, 6 and 9 (``kombu.transport.redis.PRIORITY_STEPS``, ``Channel.sep``), and every delivered,
+#: unacknowledged message (running, reserved, or waiting for its ETA in a worker) in the hash ``unacked``.
+PRIORITY_STEPS = (0, 3, 6, 9)
+PRIORITY_SEP = "\x06\x16"
+UNACKED_KEY = "unacked"
+
+
+def queue_names(app: Celery) -> set[str]:
+    """Every queue the app's tasks are routed to (``task_default_queue`` and the queues of ``task_routes``)."""
+    routes = app.conf.task_routes or {}
+    names = {str(app.conf.task_default_queue)}
+    if isinstance(routes, dict):
+        names |= {str(r["queue"]) for r in routes.values() if isinstance(r, dict) and r.get("queue")}
+    return names
+
+
+def _task_id(raw: bytes | str) -> str | None:
+    """The task id (``headers.id``, Celery's message protocol 2) of a stored kombu message, or None."""
+    with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError, IndexError):
+        msg = json.loads(raw)
+        msg = msg[0] if isinstance(msg, list) else msg  # unacked entries are [message, exchange, routing key]
+        return str(msg["headers"]["id"])
+    return None
+
+
+def task_ids_in_redis(client: Any, queues: Iterable[str], wanted: Iterable[str], unacked_key: str = UNACKED_KEY,
+                      page: int = 1000) -> set[str]:
+    """Which of the task ids ``wanted`` have a message in a Redis broker: waiting in one of ``queues`` (every
+    priority list) or delivered to a worker and not acknowledged yet (``unacked_key``). Reads lists in pages of
+    ``page`` and stops once every wanted id is found. Redis errors propagate.
+
+    The lists are read before the hash, so a message a worker takes meanwhile (list -> hash) is still seen;
+    one moving the other way (a dead worker's message restored) can be missed: callers look twice.
+    """
+    want = set(wanted)
+    found: set[str] = set()
+    for q in sorted(queues):
+        for step in PRIORITY_STEPS:
+            name = f"{q}{PRIORITY_SEP}{step}" if step else q
+            start = 0
+            while want - found:
+                items = client.lrange(name, start, start + page - 1)
+                if not items:
+                    break
+                found |= {t for t in map(_task_id, items) if t in want}
+                start += page
+    if want - found:
+        found |= {t for _, raw in client.hscan_iter(unacked_key, count=page) if (t := _task_id(raw)) in want}
+    return found

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,31 @@ class CeleryTasks:
         """Publish ``task`` with ``kwargs`` under ``task_id``. Broker errors propagate (callers translate)."""
         self.app.send_task(task, task_id=task_id, kwargs=kwargs)
 
+    def held(self, task_ids: Iterable[str]) -> set[str] | None:
+        """Which of ``task_ids`` the broker holds a message for: waiting in a queue of this app, or delivered to a
+        worker and not acknowledged (running, reserved, waiting for a retry's countdown). None when the broker
+        cannot be looked into: the embedded profile's in-memory broker, whose messages live and die with the one
+        process that also holds the queued markers (a lost message there is a lost process).
+
+        Raises:
+            Transient: the broker (Redis) is unavailable.
+        """
+        import redis
+
+        from scopekb.queue import UNACKED_KEY, queue_names, task_ids_in_redis
+
+        url = str(self.app.conf.broker_url or "")
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            return None
+        unacked = str((self.app.conf.broker_transport_options or {}).get("unacked_key", UNACKED_KEY))
+        client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=3)
+        try:
+            return task_ids_in_redis(client, queue_names(self.app), task_ids, unacked)
+        except redis.RedisError as e:
+            raise Transient(f"broker unavailable (Redis: {type(e).__name__})") from e
+        finally:
+            client.close()
+
 
 class InProcessTasks:
     """Runs ``scopekb.sync_sources`` in a thread of this process (embedded profile without a worker, such as
@@ -70,6 +95,10 @@ class InProcessTasks:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+
+    def held(self, task_ids: Iterable[str]) -> set[str] | None:
+        """No broker: a sync runs in a thread from the moment it is sent (see :meth:`CeleryTasks.held`)."""
+        return None
 
     def send(self, task: str, task_id: str, kwargs: dict[str, Any]) -> None:
         """Start the sync in a daemon thread; a failure is recorded on the job (state failed)."""

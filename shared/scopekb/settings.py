@@ -319,6 +319,10 @@ class WorkerSettings(BaseModel):
     max_retries: int = 5
     #: Seconds between reconcile passes (beat); 0 disables.
     reconcile_interval_s: int = 600
+    #: A queued job whose message is in no broker queue and held by no worker is settled by the reconcile (enqueued
+    #: again once, then failed with the reason) only when its queued marker is older than this: covers the moment
+    #: between writing the marker and publishing the message (:func:`scopekb.ops.settle_lost_jobs`).
+    lost_message_grace_s: int = 120
 
 
 class EmbeddingSettings(BaseModel):
@@ -441,6 +445,8 @@ class Settings(BaseSettings):
         w = self.worker
         if w.heartbeat_s < 0:
             raise ValueError("worker.heartbeat_s must be >= 0 (0: no heartbeat)")
+        if w.lost_message_grace_s < 0:
+            raise ValueError("worker.lost_message_grace_s must be >= 0")
         if w.heartbeat_s and w.visibility_timeout_s < 3 * w.heartbeat_s:
             raise ValueError(
                 f"worker.visibility_timeout_s ({w.visibility_timeout_s}) must be at least 3 x worker.heartbeat_s "

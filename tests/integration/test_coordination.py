@@ -50,6 +50,15 @@ def test_queued_marker_round_trips_a_job(coord: Coordination) -> None:
     assert got is not None and got.model_dump() == job.model_dump()
 
 
+def test_queued_markers_list_jobs_with_their_task_arguments(coord: Coordination) -> None:
+    job = Job(id="j-" + uuid.uuid4().hex[:8], source_ids=["s1"], ref="main")
+    coord.mark_queued(job, ttl_s=60, task_kwargs={"job_id": job.id, "source_ids": ["s1"], "verify": True})
+    found = {j.id: (j, kw) for j, kw in coord.queued_markers()}
+    assert found[job.id][0].model_dump() == job.model_dump()
+    assert found[job.id][1] == {"job_id": job.id, "source_ids": ["s1"], "verify": True}
+    assert coord.queued_job(job.id).model_dump() == job.model_dump()  # the arguments stay out of the job
+
+
 def test_sources_version_moves_on_bump(coord: Coordination) -> None:
     before = coord.sources_version()
     coord.bump_sources_version()

@@ -148,6 +148,21 @@ def test_env_example_active_lines_are_valid_settings(monkeypatch: pytest.MonkeyP
     Settings()  # raises on a value the application would refuse
 
 
+def test_all_features_values_are_valid_settings_for_an_external_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The all-features values name an external 3-node OpenSearch cluster with one replica: the application
+    accepts them as settings, sees every node and sizes the index as asked (issue 24)."""
+    from scopekb.settings import Settings
+
+    config = {k: str(v) for k, v in yaml.safe_load(ALL_FEATURES.read_text())["config"].items() if v != ""}
+    for name in list(os.environ):
+        if name.startswith("SCOPEKB_"):
+            monkeypatch.delenv(name)
+    for name, value in config.items():
+        monkeypatch.setenv(name, value)
+    s = Settings()
+    assert len(s.opensearch.hosts()) == 3 and s.opensearch.replicas == 1 and s.opensearch.shards == 3
+
+
 def test_chart_values_reach_every_setting(settings_env: dict[str, tuple[str, bool]]) -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     plain, secret = set(values["config"]), set(values["secrets"]["values"])

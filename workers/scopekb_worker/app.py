@@ -20,7 +20,7 @@ import logging
 import os
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 import structlog
@@ -44,7 +44,7 @@ from scopekb.logging import bind_context, clear_context, configure_logging, get_
 from scopekb.models import DeadLetter, Job, JobState
 from scopekb.runtime import Runtime, build_runtime, celery_app, coordination
 from scopekb.settings import Settings, get_settings
-from scopekb.stores.base import RecordStore
+from scopekb.stores.base import RecordStore, answered_problem
 from scopekb_worker.heartbeat import Heartbeat, HeldTags
 from scopekb_worker.heartbeat import index_key as heartbeat_index_key
 
@@ -188,52 +188,62 @@ def ping(value: str = "ping") -> dict[str, Any]:
     return {"value": value, "pid": os.getpid()}
 
 
-@app.task(name=queue.TASK_SYNC_SOURCES, bind=True, max_retries=get_settings().worker.max_retries)
+#: No Celery retry limit: Celery counts every re-enqueue (waits for the cluster or a reindex too) and would end a
+#: sync waiting out a long red state; the task itself bounds its attempts (``worker.max_retries``, waits excluded).
+@app.task(name=queue.TASK_SYNC_SOURCES, bind=True, max_retries=None)
 def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | None = None,
                  branch_deleted: bool = False, delivery_id: str | None = None,
                  trigger: str = "webhook", verify: bool = False,
-                 reset_attempts: list[str] | None = None) -> dict[str, Any]:
+                 reset_attempts: list[str] | None = None, deferrals: int = 0) -> dict[str, Any]:
     """Sync sources of one repository and ref to the ref's current commit; returns the job record as JSON.
 
     Transient failures (git fetch, OpenSearch, Redis or the embedding API unavailable) are retried with jittered
     exponential backoff up to ``worker.max_retries`` times, then parked as a dead letter; a :class:`SyncError`
-    is permanent and not retried. ``verify`` (the reconcile) also repairs drift between the index and git's
-    tree; ``reset_attempts`` (a parked file's replay) forgets those files' crash counts first.
+    is permanent and not retried. While a reindex runs, or the search cluster reports that it cannot serve (red,
+    no elected cluster manager) - before the sync starts or when a step of it fails - the task waits instead
+    (:func:`_defer`): ``deferrals`` counts those waits, which spend no attempt, however long the cluster is red.
+    ``verify`` (the reconcile) also repairs drift between the index and git's tree; ``reset_attempts`` (a
+    parked file's replay) forgets those files' crash counts first.
     """
     s = get_settings()
     rt = runtime()
+    attempt = self.request.retries - deferrals  # attempts that failed transiently; waits are not attempts
     if rt.coord.reindex_running():  # the index is being rebuilt: wait, without spending a retry attempt
-        log.info("sync_deferred_for_reindex")
-        raise self.retry(countdown=30, max_retries=None)
+        _defer(self, deferrals, 30, "sync_deferred_for_reindex")
     problem = rt.chunks.problem()
     if problem is not None:  # the cluster cannot take writes now (red, no cluster manager): wait for it, without
         # spending a retry attempt, rather than block in bulk requests it cannot serve (issue 24)
-        log.warning("sync_deferred_for_cluster", problem=problem)
-        raise self.retry(countdown=CLUSTER_WAIT_S, max_retries=None)
+        _defer(self, deferrals, CLUSTER_WAIT_S, "sync_deferred_for_cluster", problem=problem)
     log.info("sync_started", source_ids=source_ids, after=after, branch_deleted=branch_deleted, verify=verify,
-             retries=self.request.retries)
+             retries=attempt, deferrals=deferrals)
     attempts = FileAttemptsRecorder(rt.coord, rt.records, self.name)
     try:
         if reset_attempts:
             rt.coord.forget_attempts(reset_attempts)
         with rt.coord.repo_lock(source_ids, wait_s=s.worker.task_time_limit_s, ttl_s=LOCK_TTL_S):
+            _carry_marker(rt, job_id)
+            if deferrals and not (self.request.delivery_info or {}).get("redelivered"):
+                _resume_after_wait(rt, job_id)
             deps = rt.sync_deps()
             deps.attempts = attempts
             job = run_sync(deps, job_id, source_ids, trigger=trigger, branch_deleted=branch_deleted, verify=verify,
-                           attempt=self.request.retries)
+                           attempt=attempt)
     except Refused as e:  # SyncError, or a request a store refused: permanent, not retried
         log.error("sync_refused", error=str(e))
         return {"id": job_id, "state": "failed", "errors": [str(e)]}
     except TRANSIENT_ERRORS as e:
-        if self.request.retries >= s.worker.max_retries:
+        problem = _cluster_problem(rt)
+        if problem is not None:  # the step failed because the cluster cannot serve: wait for it, like a start
+            _defer(self, deferrals, CLUSTER_WAIT_S, "sync_deferred_for_cluster", problem=problem, error=str(e)[:300])
+        if attempt >= s.worker.max_retries:
             _dead_letter(rt, self, job_id, e)
             return {"id": job_id, "state": "failed", "errors": [str(e)], "dead_letter": True}
-        delay = backoff_delay(self.request.retries, RETRY_BASE_S, RETRY_MAX_S)
-        log.warning("sync_retry", error=str(e)[:500], retries=self.request.retries, countdown=round(delay, 1))
+        delay = backoff_delay(attempt, RETRY_BASE_S, RETRY_MAX_S)
+        log.warning("sync_retry", error=str(e)[:500], retries=attempt, countdown=round(delay, 1))
         try:
             raise self.retry(exc=e, countdown=delay) from e
         except Retry:  # published: the job is waiting, not failed
-            _mark_retrying(rt, job_id, self.request.retries + 1, delay, e)
+            _mark_retrying(rt, job_id, attempt + 1, delay, e)
             raise
         except Reject:  # the broker is down too: the job stays failed, the next reconcile re-syncs the source
             log.error("sync_retry_not_enqueued", error=str(e)[:300])
@@ -242,6 +252,40 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
         with contextlib.suppress(Transient):
             attempts.flush()
     return job.model_dump(mode="json")
+
+
+def _defer(task: Task, deferrals: int, countdown: float, event: str, **why: Any) -> NoReturn:
+    """Re-enqueue the running sync after ``countdown`` seconds without spending an attempt: ``deferrals`` + 1 is
+    passed on (the task checks its attempt limit on ``retries - deferrals``; Celery's own limit is off). Raises
+    Celery's ``Retry``."""
+    log.warning(event, deferrals=deferrals + 1, countdown_s=countdown, **why)
+    raise task.retry(countdown=countdown, kwargs={**(task.request.kwargs or {}), "deferrals": deferrals + 1})
+
+
+def _carry_marker(rt: Runtime, job_id: str) -> None:
+    """A job the reconcile enqueued again after its message was lost has that on its queued marker
+    (``retries["requeued"]``, ``errors``): make the marker its record before the sync starts, so the record keeps
+    it. One Redis read per sync otherwise."""
+    marker = rt.coord.queued_job(job_id)
+    if marker is not None and marker.retries and rt.records.get_job(job_id) is None:
+        rt.records.put_job(marker)
+
+
+def _resume_after_wait(rt: Runtime, job_id: str) -> None:
+    """A sync the cluster interrupted (it deferred) left its record ``running``: the cluster could not take the
+    update. Mark it queued again, so the resumed run is not counted as redelivered after a worker death."""
+    job = rt.records.get_job(job_id)
+    if job is not None and job.state == JobState.running:
+        rt.records.put_job(job.model_copy(update={"state": JobState.queued}))
+
+
+def _cluster_problem(rt: Runtime) -> str | None:
+    """Why the search cluster says it cannot serve now (red, no elected cluster manager), or None: also when no
+    node answers (an outage is retried with backoff and bounded attempts, like any transient failure)."""
+    try:
+        return answered_problem(rt.chunks.problem())
+    except Exception:  # noqa: BLE001 - the question is best effort; the task's retry policy applies instead
+        return None
 
 
 class FileAttemptsRecorder:
@@ -318,11 +362,13 @@ def _dead_letter(rt: Runtime, task: Task, job_id: str, exc: Exception) -> None:
 
 @app.task(name=queue.TASK_RECONCILE)
 def reconcile() -> dict[str, Any]:
-    """Enqueue a verifying sync for every (repository, ref) with registered sources, except those being synced.
+    """Settle queued jobs whose message the broker lost (enqueued again once, then failed with the reason), then
+    enqueue a verifying sync for every (repository, ref) with registered sources, except those being synced
+    (:func:`scopekb.ops.reconcile`).
 
     The sync brings a source whose ref moved without a webhook (lost deliveries, hosts without webhooks, tasks
     lost with the broker) to the ref, and compares the index's documents with git's tree by content id,
     repairing what differs (``job.drift``): a fetch, a tree listing and one aggregation per source when nothing
     drifted.
     """
-    return {"groups": ops.reconcile(runtime())}
+    return ops.reconcile(runtime())

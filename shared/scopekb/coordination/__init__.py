@@ -29,6 +29,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from scopekb.coordination import keys
 from scopekb.errors import Transient
@@ -36,6 +37,9 @@ from scopekb.logging import get_logger
 from scopekb.models import Job
 
 log = get_logger("scopekb.coordination")
+
+#: The queued marker's field holding its task's arguments (ignored when the marker is read as a :class:`Job`).
+QUEUED_TASK_FIELD = "task_kwargs"
 
 
 class LockHeld(Transient):
@@ -77,6 +81,10 @@ class Coordination(ABC):
     def _any(self, pattern: str) -> bool: ...
 
     @abstractmethod
+    def _values(self, pattern: str) -> list[bytes]:
+        """The values of every live key matching ``pattern`` (glob), in no particular order."""
+
+    @abstractmethod
     def _incr(self, key: str, ttl_s: float | None = None, forget: Sequence[str] = ()) -> int:
         """Delete ``forget``, add one to ``key`` (setting its TTL when given) in one round trip; the new value."""
 
@@ -98,14 +106,27 @@ class Coordination(ABC):
 
     # ---- queued marker ---------------------------------------------------------------------------------------
 
-    def mark_queued(self, job: Job, ttl_s: int) -> None:
-        """Record ``job`` (state queued) until a worker writes its record or ``ttl_s`` passes."""
-        self._set(keys.job_queued(job.id), job.model_dump_json(), ttl_s=ttl_s)
+    def mark_queued(self, job: Job, ttl_s: int, task_kwargs: dict[str, Any] | None = None) -> None:
+        """Record ``job`` (state queued) until a worker writes its record or ``ttl_s`` passes, with the arguments
+        of its task (``task_kwargs``), so a job whose message the broker lost can be enqueued again."""
+        self._set(keys.job_queued(job.id), json.dumps({**job.model_dump(mode="json"),
+                                                       QUEUED_TASK_FIELD: task_kwargs or {}}), ttl_s=ttl_s)
 
     def queued_job(self, job_id: str) -> Job | None:
         """The queued marker of ``job_id``, or None."""
         raw = self._get(keys.job_queued(job_id))
         return Job.model_validate(json.loads(raw)) if raw else None
+
+    def queued_markers(self) -> list[tuple[Job, dict[str, Any]]]:
+        """Every live queued marker: ``(job, task kwargs)`` (kwargs ``{}`` for a marker written without them).
+        Markers outlive the job's start (they expire after ``worker.result_expires_s``): compare with the job
+        records. One scan of the backend's keys (Redis ``SCAN``)."""
+        out = []
+        for raw in self._values(keys.JOB_QUEUED_PATTERN):
+            with contextlib.suppress(ValueError):
+                doc = json.loads(raw)
+                out.append((Job.model_validate(doc), dict(doc.get(QUEUED_TASK_FIELD) or {})))
+        return out
 
     # ---- sources version -------------------------------------------------------------------------------------
 

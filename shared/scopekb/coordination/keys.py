@@ -13,6 +13,7 @@ from collections.abc import Sequence
 DELIVERY = "scopekb:delivery:{provider}:{delivery_id}"
 #: The queued marker of a job no worker has started yet (JSON of :class:`scopekb.models.Job`).
 JOB_QUEUED = "scopekb:job:{job_id}"
+JOB_QUEUED_PATTERN = "scopekb:job:*"
 #: The lock serialising syncs of one group of sources (one repository and ref).
 REPO_LOCK = "scopekb:lock:repo:{group}"
 REPO_LOCK_PATTERN = "scopekb:lock:repo:*"

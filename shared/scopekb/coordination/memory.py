@@ -62,6 +62,11 @@ class MemoryCoordination(Coordination):
         with self._mu:
             return any(self._alive(k) is not None for k in list(self._data) if fnmatch.fnmatchcase(k, pattern))
 
+    def _values(self, pattern: str) -> list[bytes]:
+        with self._mu:
+            found = (self._alive(k) for k in list(self._data) if fnmatch.fnmatchcase(k, pattern))
+            return [v for v in found if v is not None]
+
     def _incr(self, key: str, ttl_s: float | None = None, forget: Sequence[str] = ()) -> int:
         with self._mu:
             self._delete(*forget)

@@ -73,6 +73,15 @@ class RedisCoordination(Coordination):
     def _any(self, pattern: str) -> bool:
         return self._call(lambda: any(True for _ in self.client.scan_iter(pattern, count=100)))
 
+    def _values(self, pattern: str) -> list[bytes]:
+        def read() -> list[bytes]:
+            names = list(self.client.scan_iter(pattern, count=500))
+            out: list[bytes] = []
+            for i in range(0, len(names), 500):
+                out += [v for v in self.client.mget(names[i:i + 500]) if v is not None]
+            return out
+        return self._call(read)
+
     def _incr(self, key: str, ttl_s: float | None = None, forget: Sequence[str] = ()) -> int:
         def run() -> Any:
             pipe = self.client.pipeline(transaction=False)

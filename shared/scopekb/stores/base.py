@@ -83,6 +83,16 @@ class BulkReport:
     retried: int = 0
 
 
+#: How :meth:`ChunkStore.problem` begins when no node of the backend answered (an outage), as opposed to a
+#: backend that answered and said why it cannot serve (``cluster red: ...``).
+UNANSWERED_PROBLEMS = ("unreachable", "health check failed")
+
+
+def answered_problem(problem: str | None) -> str | None:
+    """``problem`` when the backend answered and said why it cannot serve, None otherwise (also for an outage)."""
+    return None if problem is None or problem.startswith(UNANSWERED_PROBLEMS) else problem
+
+
 #: A search hit from a store: (document id, raw score, stored fields without the vector).
 RawHit = tuple[str, float, dict[str, Any]]
 
@@ -103,6 +113,8 @@ class ChunkStore(Protocol):
     def check_placement(self) -> dict[str, Any]: ...
 
     def problem(self) -> str | None: ...
+
+    def cluster_health(self) -> dict[str, Any]: ...
 
     def live_index(self) -> str | None: ...
 

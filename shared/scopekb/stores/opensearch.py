@@ -6,10 +6,11 @@ Every read is filtered by a :class:`ScopeFilter`; there is no unscoped search me
 
 from __future__ import annotations
 
+import functools
 import random
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from opensearchpy import OpenSearch, helpers
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
@@ -28,10 +29,13 @@ from scopekb.stores.base import (
     SearchFilter,
     StoreVersionMismatch,
     SymbolQuery,
+    answered_problem,
 )
 from scopekb.textsearch import LiteralQuery
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 
 class IndexVersionMismatch(StoreVersionMismatch):
@@ -186,6 +190,47 @@ def translate_opensearch(exc: BaseException) -> ScopekbError:
 opensearch_errors = translating(TransportError, translate_opensearch)
 
 
+class ClusterUnavailable(Transient):
+    """A request failed while the cluster says why it cannot serve (red, no elected cluster manager): the message
+    names that reason (``search backend unavailable: cluster red: no elected cluster manager ...``)."""
+
+
+def explain_failure(client: OpenSearch, err: ScopekbError, index: str | None = None) -> ScopekbError:
+    """``err``, or for a :class:`Transient` while the cluster reports a problem (:func:`cluster_problem` of
+    ``index``, or of the whole cluster) a :class:`ClusterUnavailable` naming it. A cluster no node of which
+    answers keeps ``err`` (``search backend unavailable``): there is no better reason to give."""
+    if not isinstance(err, Transient) or isinstance(err, ClusterUnavailable):
+        return err
+    why = answered_problem(cluster_problem(client, index=index))
+    if why is None:
+        return err
+    return ClusterUnavailable(f"search backend unavailable: {why}")
+
+
+def explained(cls: type[T]) -> type[T]:
+    """:data:`opensearch_errors` for an adapter holding ``self.client``, whose :class:`Transient` errors also name
+    why the cluster cannot serve when it says (:func:`explain_failure`): the record store's key lookups, job and
+    state reads fail with the same reason as searches (issue 24)."""
+    cls = opensearch_errors(cls)
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(self, *args, **kwargs)
+            except Transient as e:
+                better = explain_failure(self.client, e)
+                if better is e:
+                    raise
+                raise better from e.__cause__
+        return call
+
+    for name, value in list(vars(cls).items()):
+        if not name.startswith("_") and callable(value) and not isinstance(value, (staticmethod, classmethod, type)):
+            setattr(cls, name, wrap(value))
+    return cls
+
+
 @opensearch_errors
 class OpenSearchChunkStore:
     """Chunk documents in one OpenSearch index behind ``alias``.
@@ -338,17 +383,27 @@ class OpenSearchChunkStore:
 
     def _search_failure(self, exc: TransportError) -> ScopekbError:
         """scopekb's error for a failed search: :func:`translate_opensearch`'s, and when the cluster itself says
-        why it cannot serve (red, no elected cluster manager) a ``Transient`` naming that reason."""
-        err = translate_opensearch(exc)
-        if isinstance(err, Transient) and not isinstance(exc, OSConnectionError):
-            why = self.problem()
-            if why is not None:
-                return Transient(f"search backend unavailable: {why}")
-        return err
+        why it cannot serve the chunk index (red, no elected cluster manager) a ``Transient`` naming that reason
+        (:func:`explain_failure`)."""
+        return explain_failure(self.client, translate_opensearch(exc), index=self.alias)
 
     def problem(self) -> str | None:
         """Why the cluster cannot serve the chunk index now, in one line, or None (:func:`cluster_problem`)."""
         return cluster_problem(self.client, index=self.alias)
+
+    def cluster_health(self) -> dict[str, Any]:
+        """The cluster as ``scopekb status`` and ``GET /v1/status`` show it, from the node reached's local view of
+        ``_cluster/health`` (it answers without an elected cluster manager): ``{"store": "opensearch", "status":
+        green|yellow|red|unreachable, "nodes", "data_nodes", "unassigned_shards", "problem": one line or None}``
+        (``problem`` as :meth:`problem`, for the chunk index)."""
+        try:
+            h = self.client.cluster.health(params={"local": "true", "request_timeout": 5})
+        except TransportError as e:
+            return {"store": "opensearch", "status": "unreachable", "nodes": 0, "data_nodes": 0,
+                    "unassigned_shards": None, "problem": f"unreachable: {type(e).__name__}"}
+        return {"store": "opensearch", "status": str(h.get("status")), "nodes": int(h.get("number_of_nodes", 0)),
+                "data_nodes": int(h.get("number_of_data_nodes", 0)),
+                "unassigned_shards": int(h.get("unassigned_shards", 0)), "problem": self.problem()}
 
     def refresh(self) -> None:
         """Make every write so far visible to search (tests and the CLI; syncs rely on the refresh interval)."""

@@ -15,7 +15,7 @@ from opensearchpy import OpenSearch
 from opensearchpy.exceptions import NotFoundError, RequestError
 
 from scopekb.stores.base import RecordStore
-from scopekb.stores.opensearch import opensearch_errors
+from scopekb.stores.opensearch import explained
 
 __all__ = ["OpenSearchRecordStore", "RecordStore"]
 
@@ -28,9 +28,14 @@ _KEYWORD_FIELDS: dict[str, list[str]] = {
     "ranking": ["agent_name", "context_id", "source_id"],  # per-context ranking choice (scopekb.tuning)
 }
 _DATE_FIELDS = {"created_at", "started_at", "finished_at", "indexed_at", "revoked_at", "replayed_at"}
+#: A record write waits at most 10 s on the server for its primary shard or a cluster block (no elected cluster
+#: manager) before OpenSearch answers 503 (its default is 1 min, which the client retries three times: a red
+#: cluster held one job-record update for minutes, long enough for a sync's task time limit to end it; issue 24).
+#: ``request_timeout`` (the client's) must be given too: without it opensearch-py takes ``timeout`` as its own.
+_WRITE_PARAMS = {"timeout": "10s", "request_timeout": 15}
 
 
-@opensearch_errors
+@explained
 class OpenSearchRecordStore(RecordStore):
     """Records in OpenSearch system indices ``<prefix>-<kind>``."""
 
@@ -66,7 +71,7 @@ class OpenSearchRecordStore(RecordStore):
         """Create or replace a record."""
         self.ensure(kind)
         self.client.index(index=self.index_name(kind), id=rec_id, body=doc,
-                          refresh="wait_for" if wait else "false")
+                          refresh="wait_for" if wait else "false", params=_WRITE_PARAMS)
 
     def get(self, kind: str, rec_id: str) -> dict[str, Any] | None:
         """A record by id, or None."""
@@ -80,7 +85,7 @@ class OpenSearchRecordStore(RecordStore):
         """Delete a record; True when it existed."""
         self.ensure(kind)
         try:
-            self.client.delete(index=self.index_name(kind), id=rec_id, refresh="wait_for")
+            self.client.delete(index=self.index_name(kind), id=rec_id, refresh="wait_for", params=_WRITE_PARAMS)
             return True
         except NotFoundError:
             return False

@@ -142,6 +142,11 @@ class SqliteChunkStore:
         """Nothing to report beyond :meth:`health` (a local file): always None."""
         return None
 
+    def cluster_health(self) -> dict[str, Any]:
+        """One local file: always one green "node" (the same shape as OpenSearch's, for ``scopekb status``)."""
+        return {"store": "sqlite", "status": "green", "nodes": 1, "data_nodes": 1, "unassigned_shards": 0,
+                "problem": None}
+
     def check_placement(self) -> dict[str, Any]:
         """One SQLite file holds everything: nothing to place (the same call as OpenSearch's for ``init``)."""
         return {"store": "sqlite", "status": "green"}
