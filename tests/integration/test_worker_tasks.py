@@ -83,7 +83,7 @@ def test_reconcile_enqueues_one_sync_per_repository_and_ref(worker_module, tmp_p
     q = producer.conf.task_default_queue
     r.delete(q)
     try:
-        assert w.reconcile.apply().get() == {"groups": 2}
+        assert w.reconcile.apply().get() == {"groups": 2, "busy": 0, "requeued": [], "failed": []}
         assert r.llen(q) == 2
         # Each reconcile job has its queued marker (GET /v1/jobs/{id} answers before a worker starts it).
         ids = [json.loads(m)["headers"]["id"] for m in r.lrange(q, 0, -1)]
