@@ -611,6 +611,13 @@ def read(path: Annotated[str, typer.Argument(help="a search hit's path")],
 
 
 @app.command()
+def gc() -> None:
+    """Drop pinned commits whose TTL ran out (git.pin_ttl_s) and the chunks no ref uses any more."""
+    res = ops.gc_pins(_rt())
+    out.print(f"{res['pins']} pinned commit(s) dropped, {res['chunks_deleted']} chunk(s) deleted")
+
+
+@app.command()
 def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """The search store's health (OpenSearch: cluster status, nodes, what it cannot serve), then the sources with
     their indexed commit, documents, chunks and ranking choice (``scopekb eval --tune``; ``--json``: the sources

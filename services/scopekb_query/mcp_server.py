@@ -37,6 +37,7 @@ from scopekb.errors import Refused, Transient
 from scopekb.logging import configure_logging, get_logger
 from scopekb.models import ReadRequest, SearchRequest, Source
 from scopekb.reading import read_lines
+from scopekb.refs import CommitNotIndexed
 from scopekb.render import FENCE_CLOSE, FENCE_OPEN, fence_nonce, one_line
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.search import QueryEmbedder, render_text, run_search
@@ -196,7 +197,12 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
 
     def _search(key: ApiKey, req: SearchRequest) -> str:
         scope = resolve_scope(key, req.context_id, req.cross_context)
-        return render_text(run_search(rt.chunks, req, scope, cfg, embed, records=rt.records))
+        try:
+            return render_text(run_search(rt.chunks, req, scope, cfg, embed, records=rt.records))
+        except CommitNotIndexed as e:  # pin it (issue 23) and say what to wait for
+            pin = ops.pin_commit(rt, scope, e.commit, req.source_id, req.repo)
+            return (f"Commit {one_line(pin['ref'])} is being indexed (job {one_line(pin['job_id'])}); search again "
+                    "in a few seconds.")
 
     @server.tool(name="search", title="Search code and documents",
                  annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False), structured_output=False)

@@ -54,7 +54,7 @@ from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobState, Source, utcnow
 from scopekb.patterns import GITATTRIBUTES_LIMITS, usable_globs
-from scopekb.refs import MAX_REFS, match_refs
+from scopekb.refs import MAX_REFS, match_refs, put_ref_state, ref_states
 from scopekb.settings import Settings, git_cache_dir
 from scopekb.stores.base import BulkReport, ChunkStore, RecordStore
 
@@ -333,6 +333,7 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
             trees: dict[str, dict[str, TreeEntry]] = {target: tree}
         else:
             tracked = _tracked_refs(reader, sources)
+            _add_pins(deps, job, reader, sources, tracked)
             trees = {}
         ref_targets = {r: c for t in tracked.values() for r, c in t.items()}
         job.ref_commits = dict(sorted(ref_targets.items()))
@@ -349,13 +350,59 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
     finally:
         reader.close()
     for src in sources:  # refs indexed before and not tracked now: their membership goes, chunks no ref uses too
-        for ref in sorted(set(_ref_states(deps, src)) - set(tracked[src.id])):
-            if _ref_states(deps, src)[ref].get("pinned"):
-                continue  # pins live until their TTL (issue 23), whatever the patterns say
-            unlinked, deleted = deps.chunks.remove_ref(src.agent_name, src.context_id, src.id, ref)
-            job.chunks_deleted += deleted
-            _put_ref_state(deps, src, ref, None)
-            log.info("ref_removed", source_id=src.id, ref=ref, chunks_unlinked=unlinked, chunks_deleted=deleted)
+        drop_refs(deps, job, src, set(_ref_states(deps, src)) - set(tracked[src.id]))
+
+
+def drop_refs(deps: SyncDeps, job: Job, src: Source, refs: set[str]) -> None:
+    """Take ``refs`` (names) out of ``src``: their chunk membership (chunks no other ref holds are deleted) and
+    their sync state. Pins whose TTL has not run out are kept (issue 23: they live until then, whatever the
+    patterns say)."""
+    now = utcnow()
+    for ref in sorted(refs):
+        st = _ref_states(deps, src).get(ref)
+        if st is None or (st.get("pinned") and not pin_expired(st, now)):
+            continue
+        unlinked, deleted = deps.chunks.remove_ref(src.agent_name, src.context_id, src.id, ref)
+        job.chunks_deleted += deleted
+        _put_ref_state(deps, src, ref, None)
+        log.info("ref_removed", source_id=src.id, ref=ref, pinned=bool(st.get("pinned")), chunks_unlinked=unlinked,
+                 chunks_deleted=deleted)
+
+
+def pin_expired(st: dict[str, Any], now: Any) -> bool:
+    """True when a pinned ref's ``expires_at`` (ISO time) has passed (or is missing or unreadable)."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(st.get("expires_at"))) <= now
+    except ValueError:
+        return True
+
+
+def _add_pins(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source],
+              tracked: dict[str, dict[str, str]]) -> None:
+    """Add each source's live pins (issue 23; ref name = the pinned commit id) to ``tracked``. A pin whose commit
+    the repository does not have, or whose diff from the nearest indexed ref touches more than
+    ``git.max_pin_files`` files, is dropped with the reason in ``job.errors``."""
+    now = utcnow()
+    for src in sources:
+        for name, st in _ref_states(deps, src).items():
+            if not st.get("pinned") or pin_expired(st, now):
+                continue
+            why = None
+            if not reader.has_commit(name):
+                why = f"commit {name} is not in the repository {src.repo_name or src.repo_url}"
+            elif not st.get("commit"):
+                near = _nearest_ref(deps, reader, src, name, name)
+                if near is not None and near[2] > deps.settings.git.max_pin_files:
+                    why = (f"pinning {name} changes {near[2]} files from {near[0]}, more than "
+                           f"git.max_pin_files={deps.settings.git.max_pin_files}")
+            if why:
+                job.errors.append(why)
+                _put_ref_state(deps, src, name, None)
+                log.warning("pin_refused", source_id=src.id, commit=name, reason=why)
+                continue
+            tracked[src.id][name] = name
 
 
 def _tracked_refs(reader: Mirror, sources: list[Source]) -> dict[str, dict[str, str]]:
@@ -374,28 +421,11 @@ def _tracked_refs(reader: Mirror, sources: list[Source]) -> dict[str, dict[str, 
 
 
 def _ref_states(deps: SyncDeps, src: Source) -> dict[str, dict[str, Any]]:
-    """A source's sync state per ref: name -> ``{"commit", "indexed_at", "writing"?, "pinned"?}``."""
-    state = deps.records.get("state", src.id) or {}
-    refs = state.get("refs")
-    if isinstance(refs, dict):
-        return {k: dict(v) for k, v in refs.items() if isinstance(v, dict)}
-    if state.get("commit") or state.get("writing"):  # a state from before issue 23: the source's one ref
-        return {src.ref: {k: state[k] for k in ("commit", "indexed_at", "writing") if state.get(k)}}
-    return {}
+    return ref_states(deps.records, src)
 
 
 def _put_ref_state(deps: SyncDeps, src: Source, ref: str, value: dict[str, Any] | None) -> None:
-    """Set (or, with None, drop) one ref's sync state; the record's top-level ``commit``/``indexed_at`` stay those
-    of the source's ``ref`` for readers that know one ref only (status, CLI). Syncs of a source are serialised by
-    the repository lock, so this read-modify-write does not race."""
-    refs = _ref_states(deps, src)
-    if value is None:
-        refs.pop(ref, None)
-    else:
-        refs[ref] = {k: v for k, v in value.items() if v is not None}
-    main = refs.get(src.ref, {})
-    deps.records.put("state", src.id, {"source_id": src.id, "commit": main.get("commit"),
-                                       "indexed_at": main.get("indexed_at"), "refs": refs}, wait=False)
+    put_ref_state(deps.records, src, ref, value)
 
 
 def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPrefix, sources: list[Source],
@@ -460,9 +490,10 @@ def _write_ref(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str,
             _put_ref_state(deps, plan.source, ref, {**plan.state, "writing": None})
 
 
-def _nearest_ref(deps: SyncDeps, reader: Mirror, src: Source, ref: str, target: str) -> tuple[str, str] | None:
+def _nearest_ref(deps: SyncDeps, reader: Mirror, src: Source, ref: str,
+                 target: str) -> tuple[str, str, int] | None:
     """The indexed ref of ``src`` (clean: no sync died writing it) whose commit differs least from ``target``
-    (fewest changed paths), as ``(name, commit)``; None when there is none."""
+    (fewest changed paths), as ``(name, commit, changed paths)``; None when there is none."""
     best: tuple[int, str, str] | None = None
     for name, st in _ref_states(deps, src).items():
         commit = st.get("commit")
@@ -471,7 +502,7 @@ def _nearest_ref(deps: SyncDeps, reader: Mirror, src: Source, ref: str, target: 
         n = len(reader.diff(commit, target)) if commit != target else 0
         if best is None or (n, name) < best[:2]:
             best = (n, name, commit)
-    return (best[1], best[2]) if best else None
+    return (best[1], best[2], best[0]) if best else None
 
 
 def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Source, target: str,

@@ -13,21 +13,27 @@ Every enqueued sync writes its queued marker first (:meth:`scopekb.coordination.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from scopekb.auth import ApiKey, new_key
 from scopekb.coordination import keys
 from scopekb.errors import NotFound, Refused, Transient
+from scopekb.gitrepo import Mirror, mirror_path
 from scopekb.logging import get_logger
 from scopekb.models import DeadLetter, Job, JobState, KeyCreate, Source, SourceCreate, utcnow
 from scopekb.queue import TASK_SYNC_SOURCES
+from scopekb.refs import put_ref_state, ref_states
 from scopekb.runtime import ControlRuntime, Runtime
+from scopekb.settings import git_cache_dir
 from scopekb.sources import validate_repo_url, webhook_secret_for
 from scopekb.status import source_status
+from scopekb.stores.base import ScopeFilter
 
 log = get_logger("scopekb.ops")
 
@@ -365,6 +371,91 @@ def reconcile(rt: ControlRuntime) -> dict[str, Any]:
     log.info("reconcile_enqueued", groups=len(groups) - busy, busy=busy, requeued=len(lost.requeued),
              failed=len(lost.failed))
     return {"groups": len(groups) - busy, "busy": busy, "requeued": lost.requeued, "failed": lost.failed}
+
+
+# ---- pinned commits (issue 23) -------------------------------------------------------------------------------
+
+_FULL_SHA = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+
+
+def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: str | None = None,
+               repo: str | None = None) -> dict[str, Any]:
+    """Index ``commit`` of a git source the scope may see as a temporary ref (named by the commit id), so a search
+    at it can be answered: the sync diffs it from the nearest indexed ref and reuses every unchanged chunk; the pin
+    lives ``git.pin_ttl_s`` seconds. A pin already requested answers with its job again.
+
+    Returns ``{"status": "pinning", "ref": commit, "source_id", "job_id", "expires_at"}`` (HTTP 202: search again
+    when the job is done).
+
+    Raises:
+        NotFound: (404) ``commit`` is not a full commit id; no git source of the scope (narrowed by ``source_id``
+            and ``repo``); or the local mirrors of every candidate source lack the commit (another repository's).
+        Refused: (422) several sources may hold it and none is named; (429) the source already holds
+            ``git.max_pins_per_source`` pins.
+    """
+    commit = commit.lower()
+    if not _FULL_SHA.match(commit):
+        raise NotFound(f"commit {commit[:64]!r} is not the indexed head of any ref of this scope's sources; give the "
+                       "full commit id to index it (pin)")
+    sources = [s for s in rt.records.list_sources(agent_name=scope.agent_name)
+               if s.kind == "git" and (scope.context_ids is None or s.context_id in scope.context_ids)
+               and (not source_id or s.id == source_id) and (not repo or (s.repo_name or s.repo_url) == repo)]
+    if not sources:
+        raise NotFound("no git source of this scope to find that commit in")
+    for src in sources:
+        st = ref_states(rt.records, src).get(commit)
+        if st and st.get("pinned"):
+            return {"status": "pinning", "ref": commit, "source_id": src.id, "job_id": st.get("job_id"),
+                    "expires_at": st.get("expires_at")}
+    holding, unknown = [], []
+    for src in sources:
+        where = mirror_path(git_cache_dir(rt.settings), src.repo_url)
+        if not where.exists():
+            unknown.append(src)  # no local mirror (a query replica): the worker checks the commit
+            continue
+        mirror = Mirror(git_cache_dir(rt.settings), src.repo_url, allow_local=rt.settings.git.allow_local_paths)
+        try:
+            if mirror.has_commit(commit):
+                holding.append(src)
+        finally:
+            mirror.close()
+    chosen = holding[:1] or unknown
+    if not chosen:
+        raise NotFound(f"commit {commit} is not in the repository of any source of this scope")
+    if len(chosen) > 1:
+        raise Refused("several sources may hold that commit; name source_id or repo to pin it", 422)
+    src = chosen[0]
+    limit = rt.settings.git.max_pins_per_source
+    pins = [n for n, st in ref_states(rt.records, src).items() if st.get("pinned")]
+    if len(pins) >= limit:
+        raise Refused(f"source {src.id} already holds {len(pins)} pinned commits (git.max_pins_per_source={limit});"
+                      " search a branch or tag, or wait until a pin expires", 429)
+    now = utcnow()
+    job_id = f"pin-{commit[:12]}-{uuid.uuid4().hex[:8]}"
+    expires = (now + timedelta(seconds=rt.settings.git.pin_ttl_s)).isoformat()
+    put_ref_state(rt.records, src, commit, {"pinned": True, "pinned_at": now.isoformat(), "expires_at": expires,
+                                            "job_id": job_id})
+    enqueue_sync(rt, [src.id], trigger="pin", job_id=job_id, ref=commit, to_commit=commit)
+    log.info("commit_pinned", source_id=src.id, commit=commit, job_id=job_id, expires_at=expires)
+    return {"status": "pinning", "ref": commit, "source_id": src.id, "job_id": job_id, "expires_at": expires}
+
+
+def gc_pins(rt: Runtime) -> dict[str, int]:
+    """Drop every pinned commit whose TTL ran out (``git.pin_ttl_s``) from every source: its membership goes and
+    chunks no ref uses any more are deleted (syncs do the same for their sources). Returns ``{"pins": dropped,
+    "chunks_deleted": n}``."""
+    from scopekb.indexing import drop_refs, pin_expired
+
+    job = Job(id=f"gc-{uuid.uuid4().hex[:8]}", trigger="gc")
+    now, dropped = utcnow(), 0
+    for src in rt.records.list_sources():
+        expired = {n for n, st in ref_states(rt.records, src).items() if st.get("pinned") and pin_expired(st, now)}
+        drop_refs(rt.sync_deps(), job, src, expired)
+        dropped += len(expired)
+    if job.chunks_deleted:
+        rt.chunks.refresh()
+    log.info("pins_collected", pins=dropped, chunks_deleted=job.chunks_deleted)
+    return {"pins": dropped, "chunks_deleted": job.chunks_deleted}
 
 
 # ---- dead letters --------------------------------------------------------------------------------------------

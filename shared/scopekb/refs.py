@@ -68,6 +68,32 @@ def source_tracks(src: Source, full_ref: str) -> bool:
     return bool(match_refs(src.ref_patterns, {full_ref: ""}))
 
 
+def ref_states(records: RecordStore, src: Source) -> dict[str, dict[str, Any]]:
+    """A source's sync state per ref: name -> ``{"commit", "indexed_at", "writing"?, "pinned"?, "expires_at"?,
+    "job_id"?}`` (a state from before issue 23 is the source's one ``ref``)."""
+    state = records.get("state", src.id) or {}
+    refs = state.get("refs")
+    if isinstance(refs, dict):
+        return {k: dict(v) for k, v in refs.items() if isinstance(v, dict)}
+    if state.get("commit") or state.get("writing"):
+        return {src.ref: {k: state[k] for k in ("commit", "indexed_at", "writing") if state.get(k)}}
+    return {}
+
+
+def put_ref_state(records: RecordStore, src: Source, ref: str, value: dict[str, Any] | None) -> None:
+    """Set (or, with None, drop) one ref's sync state; the record's top-level ``commit``/``indexed_at`` stay those
+    of the source's ``ref`` for readers that know one ref only (status, CLI). Writers of a source's state are
+    serialised by the repository lock (syncs) or write pins only before their sync is enqueued."""
+    refs = ref_states(records, src)
+    if value is None:
+        refs.pop(ref, None)
+    else:
+        refs[ref] = {k: v for k, v in value.items() if v is not None}
+    main = refs.get(src.ref, {})
+    records.put("state", src.id, {"source_id": src.id, "commit": main.get("commit"),
+                                  "indexed_at": main.get("indexed_at"), "refs": refs}, wait=False)
+
+
 def ref_heads(state: Mapping[str, Any] | None, src: Source) -> dict[str, dict[str, Any]]:
     """The refs a source's sync state says are indexed: ``name -> {"commit", "indexed_at", "pinned"?}``.
 
@@ -81,6 +107,15 @@ def ref_heads(state: Mapping[str, Any] | None, src: Source) -> dict[str, dict[st
     if state.get("commit"):
         return {src.ref: {"commit": state["commit"], "indexed_at": state.get("indexed_at")}}
     return {}
+
+
+class CommitNotIndexed(NotFound):
+    """A search ``ref`` that looks like a commit id and is no indexed ref's head (HTTP 404 unless the caller pins
+    it: :func:`scopekb.ops.pin_commit`). ``commit`` is the id as given, lowercased."""
+
+    def __init__(self, commit: str) -> None:
+        super().__init__(f"commit {commit[:64]!r} is not the indexed head of any ref of this scope's sources")
+        self.commit = commit
 
 
 @dataclass
@@ -125,7 +160,7 @@ class RefIndex:
             if len(found) > 1:
                 raise Refused(f"commit {ref[:40]!r} is the head of several refs ({', '.join(found[:5])}); name "
                               "the ref", 409)
-            raise NotFound(f"commit {ref[:40]!r} is not the indexed head of any ref of this scope's sources")
+            raise CommitNotIndexed(ref.lower())
         raise NotFound(f"ref {ref[:200]!r} is not indexed for this scope (not a tracked branch or tag of its "
                        "sources)")
 

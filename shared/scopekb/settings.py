@@ -128,6 +128,14 @@ class GitSettings(BaseModel):
     #: Hosts allowed even though they resolve to private or loopback addresses (an internal git server).
     host_allowlist: list[str] = Field(default_factory=list)
     fetch_timeout_s: float = 600.0
+    #: Pinned commits (issue 23: a search at a commit that is no ref's indexed head indexes it as a temporary
+    #: ref): kept this many seconds after they were pinned, then their membership is dropped by the next sync of
+    #: the source (or ``scopekb gc``) and chunks no ref uses any more are deleted.
+    pin_ttl_s: float = 24 * 3600.0
+    #: Pins a source may hold at once; one more is refused with 429 naming this setting.
+    max_pins_per_source: int = 8
+    #: A pin whose diff from the nearest indexed ref changes more files than this is refused (422 naming it).
+    max_pin_files: int = 5000
 
 
 class ChunkingSettings(BaseModel):

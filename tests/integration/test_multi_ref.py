@@ -37,6 +37,7 @@ from scopekb.filetypes import decode_text, language_for
 from scopekb.indexing import SyncDeps, run_sync
 from scopekb.models import ReadRequest, Source
 from scopekb.reading import read_lines, result_bytes, split_lines
+from scopekb.refs import put_ref_state, ref_states
 from scopekb.settings import Settings
 from scopekb.status import source_status
 from scopekb.stores.base import ScopeFilter
@@ -189,9 +190,10 @@ def expected(deps: SyncDeps, files: dict[str, bytes]) -> set[tuple[str, int, int
     return out
 
 
-def check(world: dict[str, Any], hist: History, src: Source) -> int:
+def check(world: dict[str, Any], hist: History, src: Source, pins: set[str] = frozenset()) -> int:  # type: ignore[assignment]
     deps: SyncDeps = world["deps"]
     refs = {r: c for r, c in hist.refs().items() if r.startswith(("main", "b", "v"))}
+    refs.update({p: p for p in pins})
     distinct: set[tuple[str, int, int, str]] = set()
     scope = ScopeFilter(src.agent_name, (src.context_id,))
     for ref, commit in refs.items():
@@ -226,6 +228,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("force"), st.sampled_from(BRANCHES), st.sampled_from(BRANCHES)),
     st.tuples(st.just("tag"), st.sampled_from(TAGS), st.sampled_from(BRANCHES)),
     st.tuples(st.just("sync"), st.just(None), st.just(None)),
+    st.tuples(st.just("pin"), st.sampled_from(BRANCHES), st.integers(min_value=0, max_value=3)),
 ), min_size=3, max_size=14)
 
 
@@ -246,6 +249,7 @@ def test_every_ref_equals_a_fresh_index_without_copies(world: dict[str, Any], tm
                  ref="main", refs=["main", "b*", "v*"], webhooks=False)
     deps.records.put_source(src)
     most = 0
+    pins: set[str] = set()
     for op, a, b in [*ops, ("sync", None, None)]:
         heads = hist.refs()
         if op == "commit" and a in heads:
@@ -262,17 +266,26 @@ def test_every_ref_equals_a_fresh_index_without_copies(world: dict[str, Any], tm
             git(hist.path, "update-ref", "-d", f"refs/heads/{a}")
         elif op == "force" and a in heads and b in heads and a != b:
             git(hist.path, "update-ref", f"refs/heads/{a}", heads[b])  # history rewritten to another tip
+        elif op == "pin" and a in heads:  # any commit of the history, indexed on demand as a temporary ref
+            commit = hist.head(f"{a}~{b}")
+            if commit and commit not in pins:
+                pins.add(commit)
+                put_ref_state(deps.records, src, commit, {"pinned": True, "expires_at": "2999-01-01T00:00:00+00:00"})
         elif op == "tag" and b in heads:
             git(hist.path, "tag", "-f", a, heads[b])
         elif op == "sync":
             job = run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
             assert job.state.value == "done", job.errors
-            most = max(most, check(world, hist, src))
+            most = max(most, check(world, hist, src, pins))
     event(f"most refs at a sync: {most}")
-    # Every ref deleted: the last sync leaves nothing of the source.
+    event(f"pins: {len(pins)}")
+    # Every ref deleted and every pin past its TTL: the last sync (and the gc) leaves nothing of the source.
     for name in hist.refs():
         kind = "tags" if name in TAGS else "heads"
         git(hist.path, "update-ref", "-d", f"refs/{kind}/{name}")
+    for pin in pins:
+        st = ref_states(deps.records, src)[pin]
+        put_ref_state(deps.records, src, pin, {**st, "expires_at": "2000-01-01T00:00:00+00:00"})
     run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
     assert stored(world, src) == []
     assert source_status(deps.records, deps.chunks, src)["refs"] == []

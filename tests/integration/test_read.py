@@ -181,12 +181,48 @@ def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -
         assert r.status_code == 200, (ref, r.text)
         assert [(h["path"], h["ref"], h["commit"]) for h in r.json()["hits"]] == [("crlf.py", "main", head)]
     parent = git(repo, "rev-parse", "HEAD~1").strip()  # a commit of the repository that no ref has indexed
-    for ref, why in (("dev", "not indexed"), (parent, "not the indexed head"), ("f" * 40, "not the indexed head")):
+    for ref, why in (("dev", "not indexed"), (parent[:10], "full commit id"), ("f" * 40, "not in the repository")):
         r = c.post("/v1/search", json={"query": "readmarker_crlf", "ref": ref}, headers=mine)
         assert r.status_code == 404 and why in r.json()["detail"], (ref, r.status_code, r.text)
     # the head of this repository asked of another repository name: 404
     r = c.post("/v1/search", json={"query": "readmarker_crlf", "ref": head, "repo": "acme/other"}, headers=mine)
     assert r.status_code == 404
+    # any other commit is pinned on demand: 202 with the job, then searchable at that commit until its TTL
+    pin = c.post("/v1/search", json={"query": "profiles_marker_function", "ref": parent}, headers=mine)
+    assert pin.status_code == 202 and pin.json()["status"] == "pinning" and pin.json()["ref"] == parent, pin.text
+    again = c.post("/v1/search", json={"query": "profiles_marker_function", "ref": parent}, headers=mine)
+    assert again.status_code == 202 and again.json()["job_id"] == pin.json()["job_id"]
+    src_id = pin.json()["source_id"]
+    job = run_sync(api["rt"].sync_deps(), pin.json()["job_id"], [src_id], trigger="pin")
+    assert job.state.value == "done" and job.ref_commits[parent] == parent and job.chunks_written == 0, job
+    api["rt"].chunks.refresh()
+    r = c.post("/v1/search", json={"query": "profiles_marker_function readmarker_crlf", "ref": parent},
+               headers=mine)
+    assert r.status_code == 200, r.text
+    assert [(h["path"], h["ref"], h["commit"]) for h in r.json()["hits"]] == [("lib.py", parent, parent)]
+    other = c.post("/v1/search", json={"query": "x", "ref": git(repo, "rev-parse", "HEAD~1^{tree}").strip()},
+                   headers=mine)
+    assert other.status_code == 404  # a tree id is no commit of the repository
+    git(repo, "checkout", "-q", "-b", "side")  # a third commit, fetched by the next sync
+    (repo / "side.py").write_text("x = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "side")
+    side = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "main")
+    run_sync(api["rt"].sync_deps(), "side-" + uuid.uuid4().hex[:6], [src_id], trigger="cli")
+    api["rt"].settings.git.max_pins_per_source = 1
+    limited = c.post("/v1/search", json={"query": "x", "ref": side}, headers=mine)
+    assert limited.status_code == 429 and "git.max_pins_per_source=1" in limited.json()["detail"], limited.text
+    from scopekb import ops
+    from scopekb.refs import put_ref_state, ref_states
+
+    src = api["rt"].records.get_source(src_id)
+    st = ref_states(api["rt"].records, src)[parent]  # the pin's TTL runs out: gc drops it and its chunks
+    put_ref_state(api["rt"].records, src, parent, {**st, "expires_at": "2000-01-01T00:00:00+00:00"})
+    assert ops.gc_pins(api["rt"])["pins"] == 1
+    assert parent not in ref_states(api["rt"].records, src)
+    r = c.post("/v1/search", json={"query": "profiles_marker_function", "ref": parent}, headers=mine)
+    assert r.status_code == 202  # pinned again on demand
 
 
 def test_a_source_with_many_refs_over_the_api(api: dict[str, Any]) -> None:  # noqa: F811

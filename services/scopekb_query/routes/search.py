@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
+from scopekb import ops
 from scopekb.auth import resolve_scope
 from scopekb.models import SearchRequest, SearchResponse
+from scopekb.refs import CommitNotIndexed
 from scopekb.search import render_text, run_search
 from scopekb_query.deps import CallerDep, Rt
 
@@ -19,13 +21,18 @@ router = APIRouter(tags=["search"])
 def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt,
            format: Literal["json", "text"] = "json") -> Any:
     """Search within the caller's scope. ``?format=text`` returns the agent text rendering; any other format
-    than ``json`` or ``text`` is a 422 naming the choices."""
+    than ``json`` or ``text`` is a 422 naming the choices. ``ref`` = a full commit id that no ref has indexed pins
+    that commit: 202 ``{"status": "pinning", "job_id", ...}``; search again when ``GET /v1/jobs/{job_id}`` is
+    done (404 for a commit of no repository of the scope, 429 over ``git.max_pins_per_source``)."""
     request.scope["scopekb_mode"] = req.mode.value
     if c.key is None:
         raise HTTPException(403, "searches need an agent key, not the admin token")
     scope = resolve_scope(c.key, req.context_id, req.cross_context)  # Refused (401/403/400) -> its status
-    resp = run_search(rt.chunks, req, scope, rt.settings.query,  # SearchUnavailable is Refused: 400
-                      embed=rt.embed_query if rt.embedder is not None else None, records=rt.records)
+    try:
+        resp = run_search(rt.chunks, req, scope, rt.settings.query,  # SearchUnavailable is Refused: 400
+                          embed=rt.embed_query if rt.embedder is not None else None, records=rt.records)
+    except CommitNotIndexed as e:  # a commit no ref has indexed: pin it (issue 23); 202 with the job to wait for
+        return JSONResponse(ops.pin_commit(rt, scope, e.commit, req.source_id, req.repo), status_code=202)
     if format == "text":
         return PlainTextResponse(render_text(resp))
     return resp

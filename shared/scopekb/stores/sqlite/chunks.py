@@ -520,10 +520,10 @@ class SqliteChunkStore:
         with self._db.write() as conn:
             if not self._readable(conn):
                 return 0, 0
-            base = ("SELECT c.rowid, c.id FROM chunk_refs r JOIN chunks c ON c.rowid = r.chunk WHERE r.ref = ?"
-                    " AND c.agent_name = ? AND c.context_id = ? AND c.source_id = ?")
+            base = ("SELECT c.rowid, c.id, c.has_vec FROM chunk_refs r JOIN chunks c ON c.rowid = r.chunk"
+                    " WHERE r.ref = ? AND c.agent_name = ? AND c.context_id = ? AND c.source_id = ?")
             args: list[Any] = [ref, scope_agent, scope_context, source_id]
-            rows: list[tuple[int, str]] = []
+            rows: list[tuple[int, str, int]] = []
             if ids is not None:
                 ilist = list(ids)
                 for i in range(0, len(ilist), 500):
@@ -538,7 +538,7 @@ class SqliteChunkStore:
                     part = plist[i:i + 500]
                     rows += conn.execute(f"{base} AND c.path IN ({','.join('?' * len(part))})",
                                          [*args, *part]).fetchall()
-            for rowid, cid in rows:
+            for rowid, cid, has_vec in rows:
                 if cid in keep:
                     continue
                 conn.execute("DELETE FROM chunk_refs WHERE ref = ? AND chunk = ?", (ref, rowid))
