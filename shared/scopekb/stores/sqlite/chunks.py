@@ -538,7 +538,7 @@ class SqliteChunkStore:
                     part = plist[i:i + 500]
                     rows += conn.execute(f"{base} AND c.path IN ({','.join('?' * len(part))})",
                                          [*args, *part]).fetchall()
-            for rowid, cid, has_vec in rows:
+            for rowid, cid, _has_vec in rows:
                 if cid in keep:
                     continue
                 conn.execute("DELETE FROM chunk_refs WHERE ref = ? AND chunk = ?", (ref, rowid))
