@@ -184,6 +184,7 @@ def reindex_cmd(wait_s: Annotated[int, typer.Option(help="seconds to wait for ru
 
     from scopekb.coordination.keys import REINDEX_LOCK
     from scopekb.reindex import reindex
+    from scopekb.stores.base import StoreVersionMismatch
 
     rt = _rt()
     if not rt.coord.begin_reindex(ttl_s=6 * 3600):
@@ -195,12 +196,17 @@ def reindex_cmd(wait_s: Annotated[int, typer.Option(help="seconds to wait for ru
                 raise CliError(f"syncs still running after {wait_s}s; try again later")
             _time.sleep(1)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err) as bar:
-            task = bar.add_task("chunks copied", total=rt.chunks.count() or None)
+            try:
+                total = rt.chunks.count() or None
+            except StoreVersionMismatch:  # an embedded index of an older schema: counted while rebuilding
+                total = None
+            task = bar.add_task("chunks copied", total=total)
             rep = reindex(rt.chunks, rt.embedder, rt.embed_cache, get_settings().chunking, rt.counter,
                           progress=lambda n: bar.update(task, completed=n))
     finally:
         rt.coord.end_reindex()
-    out.print(f"alias {rt.chunks.alias}: {rep.old_index} -> {rep.new_index}; {rep.chunks} chunks, "
+    where = f"alias {rt.chunks.alias}" if hasattr(rt.chunks, "alias") else "SQLite index"
+    out.print(f"{where}: {rep.old_index} -> {rep.new_index}; {rep.chunks} chunks, "
               f"{rep.embeddings_computed} embeddings computed, {rep.embeddings_cached} cached, {rep.seconds}s")
 
 

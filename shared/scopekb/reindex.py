@@ -26,6 +26,7 @@ from scopekb.logging import get_logger
 from scopekb.models import Chunk
 from scopekb.settings import ChunkingSettings
 from scopekb.stores.opensearch import OpenSearchChunkStore, translate_opensearch
+from scopekb.stores.sqlite import SqliteChunkStore
 
 log = get_logger(__name__)
 
@@ -54,11 +55,13 @@ def _scroll(client: OpenSearch, index: str, batch: int) -> Iterator[list[dict[st
         yield buf
 
 
-def reindex(target: OpenSearchChunkStore, embedder: Embedder | None, cache: EmbeddingCache | None,
-            chunking: ChunkingSettings, counter: TokenCounter | None = None, batch: int = 500,
-            progress: Callable[[int], None] | None = None) -> ReindexReport:
-    """See :func:`_reindex`; opensearch-py errors are raised as :mod:`scopekb.errors` (``Transient`` /
-    ``Refused``)."""
+def reindex(target: OpenSearchChunkStore | SqliteChunkStore, embedder: Embedder | None,
+            cache: EmbeddingCache | None, chunking: ChunkingSettings, counter: TokenCounter | None = None,
+            batch: int = 500, progress: Callable[[int], None] | None = None) -> ReindexReport:
+    """See :func:`_reindex` (OpenSearch) and :func:`_rebuild_sqlite` (the embedded store); opensearch-py errors
+    are raised as :mod:`scopekb.errors` (``Transient`` / ``Refused``)."""
+    if isinstance(target, SqliteChunkStore):
+        return _rebuild_sqlite(target, embedder, cache, chunking, counter, batch, progress)
     try:
         return _reindex(target, embedder, cache, chunking, counter, batch, progress)
     except TransportError as e:
@@ -115,6 +118,44 @@ def _reindex(target: OpenSearchChunkStore, embedder: Embedder | None, cache: Emb
         raise
     if old is not None:
         client.indices.delete(index=old, ignore_unavailable=True)
+    report.seconds = round(time.monotonic() - t0, 3)
+    log.info("reindex_finished", **report.__dict__)
+    return report
+
+
+def _rebuild_sqlite(target: SqliteChunkStore, embedder: Embedder | None, cache: EmbeddingCache | None,
+                    chunking: ChunkingSettings, counter: TokenCounter | None, batch: int,
+                    progress: Callable[[int], None] | None) -> ReindexReport:
+    """Rebuild an embedded (SQLite) chunk index for this process's schema version and model: read every stored
+    chunk, drop the chunk tables, create them anew and write the chunks back (vectors through the embedding cache,
+    as for OpenSearch; without an embedder the stored vectors are kept, since the store refuses a file of another
+    model before this; definitions of chunks written before schema 2 derived from their top-level symbol).
+
+    The database file is first copied next to itself (``<file>.pre-reindex``) and the copy deleted after success;
+    when a step fails the error names the copy, from which the index can be restored.
+    """
+    t0 = time.monotonic()
+    report = ReindexReport(old_index=target.live_index() or None, new_index=target.version_name)
+    docs = target.stored_documents()
+    backup = target.path.with_name(target.path.name + ".pre-reindex")
+    target.backup(backup)
+    log.info("reindex_started", old_index=str(target.path), chunks=len(docs), backup=str(backup))
+    try:
+        target.drop()
+        target.ensure_index()
+        for i in range(0, len(docs), batch):
+            part = docs[i:i + batch]
+            if embedder is not None or not target.dimension:  # else: the stored vectors of the same model stay
+                _embed_docs(part, embedder, cache, chunking, counter, report)
+            res = target.bulk_write(part)
+            if res.errors:
+                raise RuntimeError(f"{len(res.errors)} chunks refused by the new index: {str(res.errors[0])[:300]}")
+            report.chunks += res.written
+            if progress:
+                progress(report.chunks)
+    except Exception as e:
+        raise RuntimeError(f"reindex failed ({e}); the database before it is kept at {backup}") from e
+    backup.unlink(missing_ok=True)
     report.seconds = round(time.monotonic() - t0, 3)
     log.info("reindex_finished", **report.__dict__)
     return report

@@ -121,7 +121,8 @@ def _compile(pattern: str, case_sensitive: bool, max_mem: int) -> Any:
     try:
         return re2.compile(pattern, opts)
     except re2.error as e:
-        msg = str(e)
+        arg = e.args[0] if e.args else ""
+        msg = arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
         if "repetition size" in msg:
             raise PatternRefused("regex repeats more than 1000 times in total (RE2's repetition limit); use "
                                  "fewer or smaller {m,n} repetitions") from None

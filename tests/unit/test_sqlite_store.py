@@ -309,3 +309,43 @@ def test_search_degrades_to_keyword_when_the_index_is_rebuilt_for_another_model(
     assert [h.path for h in resp.hits] == ["x.py"] and resp.notice
     for st in (old, new):
         st.close()
+
+
+def test_reindex_upgrades_a_schema_1_index_keeping_chunks_vectors_and_refs(tmp_path: Path) -> None:
+    """An index built before schema 2 (no trigram, definition or metadata tables) is refused with 'Run scopekb
+    reindex'; the reindex rebuilds it in place: same chunks, vectors and refs, and exact/symbol/metadata search
+    work, a chunk's top-level symbol standing for its definitions."""
+    from scopekb.models import SearchMode, SearchRequest
+    from scopekb.reindex import reindex
+    from scopekb.search import run_search
+    from scopekb.settings import ChunkingSettings, QuerySettings
+
+    path = tmp_path / "old.sqlite3"
+    s = SqliteChunkStore(path, dimension=DIM, model="m")
+    s.bulk_write([doc("a", "x.py", "def parse_rfc(a):\n    return a", vec=[1, 0, 0, 0], symbol="parse_rfc",
+                      kind="function", signature="def parse_rfc(a):", metadata={"owner": "ann"}),
+                  doc("a", "y.md", "# Title\ntext", 1, vec=[0, 1, 0, 0], refs=["main", "v1"])])
+    s.close()
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:  # what schema 1 had: none of the new tables, version "1"
+        for t in ("chunks_tri", "chunk_defs", "chunk_meta"):
+            conn.execute(f"DROP TABLE {t}")
+        conn.execute("UPDATE scopekb_meta SET value = '1' WHERE key = 'schema_version'")
+    s = SqliteChunkStore(path, dimension=DIM, model="m")
+    with pytest.raises(StoreVersionMismatch, match="scopekb reindex"):
+        s.ensure_index()
+    rep = reindex(s, None, None, ChunkingSettings())
+    assert rep.chunks == 2 and not path.with_name(path.name + ".pre-reindex").exists()
+    assert s.ensure_index() == s.version_name
+    assert s.count() == 2 and s.chunk_refs([d["_id"] for d in s.stored_documents()]) != {}
+    assert sorted(r for refs in s.chunk_refs([d["_id"] for d in s.stored_documents()]).values() for r in refs) \
+        == ["main", "v1"]
+    scope = ScopeFilter("a", None)
+    hit = run_search(s, SearchRequest(query="parse_rfc", mode=SearchMode.symbol), scope, QuerySettings()).hits
+    assert [(h.path, h.definitions[0]["kind"], h.match_lines) for h in hit] == [("x.py", "function", [1])]
+    ex = run_search(s, SearchRequest(query="return a", mode=SearchMode.exact, metadata={"owner": "ann"}), scope,
+                    QuerySettings()).hits
+    assert [(h.path, h.match_lines) for h in ex] == [("x.py", [2])]
+    assert s.vector_search([0, 1, 0, 0], everything(), 1)[0][2][F.PATH] == "y.md"
+    s.close()

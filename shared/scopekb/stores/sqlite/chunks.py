@@ -188,6 +188,37 @@ class SqliteChunkStore:
         self._ready = True
         return self.version_name
 
+    def stored_documents(self) -> list[dict[str, Any]]:
+        """Every chunk document as written (``_id``, stored fields, ``refs`` from the membership table and the
+        vector when one is stored), whatever schema version built the file; ``[]`` without chunk tables. For a
+        rebuild (:func:`scopekb.reindex.reindex`), so everything is read into memory."""
+        with self._db.read() as conn:
+            if not (table_exists(conn, "chunks") and table_exists(conn, "chunk_docs")):
+                return []
+            refs: dict[int, list[str]] = {}
+            if table_exists(conn, "chunk_refs"):
+                for ref, chunk in conn.execute("SELECT ref, chunk FROM chunk_refs"):
+                    refs.setdefault(int(chunk), []).append(ref)
+            vec_sql = ("LEFT JOIN chunk_vectors v ON v.rowid = c.rowid" if table_exists(conn, "chunk_vectors")
+                       else "LEFT JOIN (SELECT NULL AS rowid, NULL AS embedding) v ON 0")
+            out = []
+            for rowid, cid, doc, vec in conn.execute(
+                    f"SELECT c.rowid, c.id, d.doc, v.embedding FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid "
+                    f"{vec_sql} ORDER BY c.rowid"):
+                d = {"_id": cid, **json.loads(doc)}
+                if rowid in refs:
+                    d[F.REFS] = sorted(refs[rowid])
+                if vec is not None:
+                    d[F.EMBEDDING] = np.frombuffer(vec, dtype="<f4").astype(float).tolist()
+                out.append(d)
+        return out
+
+    def backup(self, dest: Path) -> None:
+        """A consistent copy of the whole database file at ``dest`` (``VACUUM INTO``; replaced if present)."""
+        dest.unlink(missing_ok=True)
+        with self._db.write_lock:
+            self._db.get().execute("VACUUM INTO ?", (str(dest),))
+
     def drop(self) -> None:
         """Delete every chunk table (a reindex then starts from :meth:`ensure_index`); other tables are kept."""
         with self._db.write() as conn:
@@ -201,7 +232,9 @@ class SqliteChunkStore:
     def live_index(self) -> str | None:
         """:attr:`version_name` once the tables exist, else None (the OpenSearch alias's target, here)."""
         with self._db.read() as conn:
-            return self.version_name if self._readable(conn) else None
+            if self._ready or (table_exists(conn, "chunks") and table_exists(conn, "chunks_fts")):
+                return self.version_name
+            return None
 
     def health(self) -> None:
         """Raise when the database cannot be read (readiness)."""
@@ -216,9 +249,21 @@ class SqliteChunkStore:
         self._db.close()
 
     def _readable(self, conn: sqlite3.Connection) -> bool:
+        """Whether the chunk tables exist (reads of a missing index are empty).
+
+        Raises:
+            SqliteVersionMismatch: they were built with another schema version (a reindex is needed).
+        """
         if self._ready:
             return True
-        return table_exists(conn, "chunks") and table_exists(conn, "chunks_fts")
+        if not (table_exists(conn, "chunks") and table_exists(conn, "chunks_fts")):
+            return False
+        row = conn.execute("SELECT value FROM scopekb_meta WHERE key = 'schema_version'").fetchone() \
+            if table_exists(conn, "scopekb_meta") else None
+        if row is not None and row[0] != str(SCHEMA_VERSION):
+            raise SqliteVersionMismatch(f"SQLite index {str(self.path)!r} has schema version {row[0]}; this process "
+                                        f"wants version {SCHEMA_VERSION}. Run `scopekb reindex`.")
+        return True
 
     # ---- writes ----------------------------------------------------------------------------------------------
 
