@@ -283,6 +283,9 @@ def test_metadata_filters_in_every_mode(indexed: dict[str, Any]) -> None:
     kw = _search(indexed, query="installer", mode=SearchMode.keyword, metadata={"headings": "Install"}).hits
     assert [h.path for h in kw] == ["notes.md"]
     assert _search(indexed, query="installer", mode=SearchMode.keyword, metadata={"headings": "Usage"}).hits == []
+    fm = _search(indexed, query="Run the", mode=SearchMode.exact, metadata={"front_matter.title": "x"}).hits
+    assert [(h.path, h.match_lines) for h in fm] == [("notes.md", [6])]
+    assert _search(indexed, query="Run the", mode=SearchMode.exact, metadata={"front_matter.title": "y"}).hits == []
     ex = _search(indexed, query="Call it", mode=SearchMode.exact, metadata={"headings": ["Nope", "Usage"]}).hits
     assert [(h.path, h.match_lines) for h in ex] == [("notes.md", [10])]
     in_context = _search(indexed, query="invoke", mode=SearchMode.symbol, metadata={"parent": "Context"}).hits

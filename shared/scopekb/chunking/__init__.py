@@ -138,7 +138,12 @@ def _chunk(path: str, text: str, language: str, cfg: ChunkingSettings, counter: 
     if language == "markdown":
         doc = Doc(text, cfg, counter)
         report.chunker, report.budget = "markdown", doc.budget
-        return _finish(doc, chunk_markdown(doc, cfg), report)
+        chunks = _finish(doc, chunk_markdown(doc, cfg), report)
+        fm = front_matter(text)
+        if fm:  # the document's front matter on each of its chunks, for metadata filters
+            for c in chunks:
+                c.metadata["front_matter"] = fm
+        return chunks
     if cfg.syntax and language in SYNTAX_LANGUAGES:
         if len(text) > cfg.syntax_max_bytes:  # cheap check before counting tokens of every line
             report.fallback = "too_large_to_parse"
@@ -158,6 +163,55 @@ def _chunk(path: str, text: str, language: str, cfg: ChunkingSettings, counter: 
 def _finish(doc: Doc, pieces: list[Piece], report: ChunkingReport) -> list[Chunk]:
     report.skipped.extend(doc.skipped)
     return doc.to_chunks(pieces)
+
+
+#: Front matter kept: characters of the block, leaves, nesting depth, characters of a string value.
+_FM_MAX_CHARS, _FM_MAX_LEAVES, _FM_MAX_DEPTH, _FM_MAX_VALUE = 16_384, 200, 4, 1_000
+
+
+def front_matter(text: str) -> dict[str, Any]:
+    """The YAML front matter of a Markdown document (a ``---`` first line, closed by ``---`` or ``...`` within
+    500 lines, as the Markdown chunker reads it) as plain data: string keys; strings, numbers, booleans, lists
+    and objects (dates as ISO text), at most 200 leaves, 4 levels and 1,000 characters a string; ``{}`` when
+    absent, malformed, not a mapping or over 16 KiB. Parsed with ``yaml.safe_load`` (no object construction);
+    aliases count once per use against the leaf bound, so a "billion laughs" block stays small."""
+    if not text.startswith("---"):
+        return {}
+    lines = text.split("\n", 501)
+    if lines[0].strip() != "---":
+        return {}
+    end = next((r for r in range(1, min(len(lines), 500)) if lines[r].strip() in ("---", "...")), None)
+    if end is None:
+        return {}
+    block = "\n".join(lines[1:end])
+    if len(block) > _FM_MAX_CHARS:
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(block)
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    budget = [_FM_MAX_LEAVES]
+
+    def plain(v: Any, depth: int) -> Any:
+        if budget[0] <= 0 or depth > _FM_MAX_DEPTH:
+            return None
+        if isinstance(v, dict):
+            return {str(k)[:200]: x for k, x in ((k, plain(x, depth + 1)) for k, x in v.items()) if x is not None}
+        if isinstance(v, list):
+            return [x for x in (plain(x, depth + 1) for x in v) if x is not None]
+        budget[0] -= 1
+        if isinstance(v, bool | int | float):
+            return v
+        if hasattr(v, "isoformat"):
+            return v.isoformat()
+        return None if v is None else str(v)[:_FM_MAX_VALUE]
+
+    out = plain(data, 0)
+    return out if isinstance(out, dict) else {}
 
 
 def _attach_defs(chunks: list[Chunk], defs: list[dict[str, Any]]) -> list[Chunk]:
