@@ -208,6 +208,12 @@ class Chunk:
     defs: list[dict[str, Any]] = field(default_factory=list)
 
 
+#: Bounds of a search's ``max_tokens`` budget: the smallest leaves room for the answer's summary and the note
+#: saying what was cut; the largest is far above any useful answer (the result cap × the largest chunks).
+MIN_ANSWER_TOKENS = 100
+MAX_ANSWER_TOKENS = 100_000
+
+
 class SearchMode(StrEnum):
     """How a query is matched. ``keyword`` BM25, ``vector`` kNN, ``hybrid`` both fused; ``exact`` a literal
     substring of a line, ``regex`` an RE2 pattern on each line (a safe subset, :mod:`scopekb.textsearch`),
@@ -261,6 +267,15 @@ class SearchRequest(BaseModel):
         description="key/value filters on chunk metadata (document front matter, object-store metadata, chunker "
                     "fields such as 'parent'); nested keys joined by '.'; a list means any of its values; every key "
                     "must match. Values compare as text ('true', '3')")
+    group_by: Literal["chunk", "file"] = Field(
+        default="chunk", description="chunk: one result per chunk; file: one result per file (its best chunks "
+                                     "merged when adjacent or overlapping, its other matching line ranges listed), "
+                                     "max_results then counts files")
+    max_tokens: int | None = Field(
+        default=None, ge=MIN_ANSWER_TOKENS, le=MAX_ANSWER_TOKENS,
+        description=f"text answers only (format=text, MCP): pack the answer into this many tokens of the embedding "
+                    f"model's tokenizer, best first, cutting chunks at line boundaries and saying what was cut "
+                    f"({MIN_ANSWER_TOKENS}..{MAX_ANSWER_TOKENS}; none: no budget)")
 
     @field_validator("query")
     @classmethod
@@ -327,8 +342,44 @@ class SearchRequest(BaseModel):
         return v
 
 
+class FieldMatch(BaseModel):
+    """Query terms found in one field of a hit (terms as the keyword analyzer sees them: identifiers whole and
+    lower-cased, also matching the parts of a camelCase / snake_case identifier)."""
+
+    field: Literal["symbol", "signature", "path", "content"]
+    terms: list[str]
+
+
+class HitReason(BaseModel):
+    """Why a hit was chosen: which query terms matched which fields, its rank in the keyword (BM25) and vector
+    (kNN) candidate lists (1-based; None when absent from that list or not run), each list's normalised score
+    and how the two were fused into ``score``."""
+
+    matched: list[FieldMatch] = Field(default_factory=list)
+    keyword_rank: int | None = None
+    vector_rank: int | None = None
+    keyword_score: float | None = Field(default=None, description="BM25 min-max normalised over the candidates "
+                                                                  "(keyword mode: divided by the best)")
+    vector_score: float | None = Field(default=None, description="kNN similarity (1 + cos) / 2")
+    fusion: str = Field(description="ranked modes: keyword | vector | weighted k×keyword + v×vector | rrf k=60; "
+                                    "exact / regex / symbol: the kind of match")
+
+
+class LineRange(BaseModel):
+    """Lines ``start``..``end`` (1-based, inclusive) of a file that also matched, with the best score there."""
+
+    start_line: int
+    end_line: int
+    score: float
+
+
 class SearchHit(BaseModel):
-    """One result: where it is, what it says, how well it matched (score in [0, 1], higher is better)."""
+    """One result: where it is, what it says, how well it matched (score in [0, 1], higher is better).
+
+    Grouped by file (``group_by="file"``), ``content`` and the lines are the file's best chunk merged with its
+    other hits that overlap or touch it (``chunks`` of them), and ``other_ranges`` lists the file's remaining
+    matching line ranges, best first.
+    """
 
     path: str
     start_line: int
@@ -357,6 +408,16 @@ class SearchHit(BaseModel):
         default=None, description="symbol mode: the matching definitions in this chunk, each {name, path, kind, "
                                   "signature, line}")
     signature: str | None = None
+    why: HitReason | None = None
+    chunks: int = Field(default=1, description="chunks merged into this hit (group_by=file)")
+    other_ranges: list[LineRange] = Field(default_factory=list)
+
+
+class SearchScope(BaseModel):
+    """The scope a search ran in: the key's agent and its contexts (None: every context of the agent)."""
+
+    agent_name: str
+    context_ids: list[str] | None = None
 
 
 #: A git blob id (40 hex, SHA-1 repositories; 64 hex, SHA-256 ones) or a content hash used as a blob key.
@@ -420,6 +481,8 @@ class SearchResponse(BaseModel):
     hits: list[SearchHit]
     took_ms: float
     notice: str | None = Field(default=None, description="set when the answer was degraded, e.g. keyword only")
+    group_by: Literal["chunk", "file"] = "chunk"
+    scope: SearchScope | None = None
 
 
 class JobState(StrEnum):

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import secrets
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
-from scopekb.models import SearchHit, SearchResponse
+from scopekb.models import HitReason, SearchHit, SearchResponse
 
 #: Unicode general categories never written raw on a structure line: controls, format characters (bidi
 #: overrides, zero-width characters), line/paragraph separators, surrogates, private use and unassigned.
@@ -97,20 +99,237 @@ def hit_header(n: int, h: SearchHit) -> str:
     return head
 
 
-def render_text(resp: SearchResponse) -> str:
+class Counter(Protocol):
+    """What the budget needs from a tokenizer (:class:`scopekb.chunking.TokenCounter` satisfies it)."""
+
+    name: str
+
+    def count(self, text: str) -> int:
+        """Tokens of ``text``."""
+        ...
+
+
+#: Most ranges and omitted hits named on one structure line (then "+N more").
+MAX_LISTED = 10
+#: Most matched terms named per field on a ``why:`` line.
+MAX_TERMS = 8
+
+
+def _fallback_counter() -> Counter:
+    """The tokenizer-free estimate of :mod:`scopekb.chunking.tokens` (over-counts word pieces on code/prose)."""
+    from scopekb.chunking.tokens import EstimateCounter
+
+    return EstimateCounter()
+
+
+def scope_line(resp: SearchResponse) -> str:
+    """``agent 'a', contexts 'c1', 'c2'`` or ``agent 'a', every context the key may see``, data escaped."""
+    if resp.scope is None:
+        return ""
+    ctx = resp.scope.context_ids
+    if ctx is None:
+        where = "every context the key may see"
+    else:
+        shown = ", ".join(f"'{one_line(c, 100)}'" for c in ctx[:MAX_LISTED])
+        where = f"context{'s' if len(ctx) != 1 else ''} {shown}" + (
+            f" +{len(ctx) - MAX_LISTED} more" if len(ctx) > MAX_LISTED else "")
+    return f"agent '{one_line(resp.scope.agent_name, 100)}', {where}"
+
+
+def summary_line(resp: SearchResponse, query_chars: int = 200) -> str:
+    """The answer's first line: how many results, for what query, in which mode, scope and grouping."""
+    unit = "file" if resp.group_by == "file" else "result"
+    n = len(resp.hits)
+    head = f"{n} {unit}{'s' if n != 1 else ''}" if n else "No results"
+    return (f"{head} for '{one_line(resp.query, query_chars)}' (mode {resp.mode.value}; {scope_line(resp)}"
+            + ("; one result per file" if resp.group_by == "file" else "") + ").")
+
+
+def why_line(why: HitReason) -> str:
+    """``why: keyword #1 (0.82), vector #3 (0.91); fusion weighted ...; matched symbol: retry; content: retry,
+    upload`` (ranked modes) or ``why: exact: every listed line matches; matched content: <query>``.
+
+    Terms are the query's own identifiers (``\\w+`` runs), escaped anyway; field names come from a fixed set.
+    """
+    parts = []
+    if why.keyword_rank is not None:
+        parts.append(f"keyword #{int(why.keyword_rank)}"
+                     + (f" ({float(why.keyword_score):.2f})" if why.keyword_score is not None else ""))
+    if why.vector_rank is not None:
+        parts.append(f"vector #{int(why.vector_rank)}"
+                     + (f" ({float(why.vector_score):.2f})" if why.vector_score is not None else ""))
+    if parts:  # ranked modes: the lists' ranks and how they were fused
+        text = "why: " + ", ".join(parts) + f"; fusion {one_line(why.fusion, 80)}"
+    else:  # exact / regex / symbol: the kind of match
+        text = f"why: {one_line(why.fusion, 80)}"
+    if why.matched:
+        text += "; matched " + "; ".join(
+            f"{m.field}: " + ", ".join(one_line(t, 60) for t in m.terms[:MAX_TERMS])
+            + (f" +{len(m.terms) - MAX_TERMS}" if len(m.terms) > MAX_TERMS else "") for m in why.matched)
+    else:
+        text += "; no query term in symbol, signature, path or content"
+    return text
+
+
+def also_line(h: SearchHit) -> str | None:
+    """``also: lines 80-95 (0.41), 120-130 (0.33)``: the file's other matching ranges (group_by=file)."""
+    if not h.other_ranges:
+        return None
+    shown = ", ".join(f"{int(r.start_line)}-{int(r.end_line)} ({float(r.score):.2f})"
+                      for r in h.other_ranges[:MAX_LISTED])
+    more = len(h.other_ranges) - MAX_LISTED
+    return f"also matched in this file: lines {shown}" + (f" +{more} more" if more > 0 else "")
+
+
+@dataclass
+class _Block:
+    n: int
+    head: list[str]  # structure lines before the fence
+    lines: list[str]  # content lines
+    hit: SearchHit
+
+
+def _blocks(resp: SearchResponse) -> list[_Block]:
+    out = []
+    for n, h in enumerate(resp.hits, 1):
+        head = [hit_header(n, h)]
+        if h.why is not None:
+            head.append(why_line(h.why))
+        also = also_line(h)
+        if also:
+            head.append(also)
+        out.append(_Block(n, head, h.content.split("\n"), h))
+    return out
+
+
+def _assemble(summary: str | None, blocks: list[tuple[_Block, int]], nonce: str, tail: list[str]) -> str:
+    opening, closing = FENCE_OPEN.format(nonce=nonce), FENCE_CLOSE.format(nonce=nonce)
+    parts = [summary] if summary else []
+    for b, keep in blocks:
+        body = "\n".join(b.lines[:keep])
+        part = "\n".join([*b.head, opening, body, closing])
+        if keep < len(b.lines):
+            first = int(b.hit.start_line) + keep
+            part += (f"\n[{b.n}] cut at the token budget: lines {first}-{int(b.hit.end_line)} not shown "
+                     f"({len(b.lines) - keep} of {len(b.lines)} lines)")
+        parts.append(part)
+    parts.extend(tail)
+    return "\n\n".join(parts)
+
+
+def render_text(resp: SearchResponse, max_tokens: int | None = None, counter: Counter | None = None) -> str:
     """Text for agents (REST ``format=text``, the MCP ``search`` tool).
 
-    Each hit is a header line (:func:`hit_header`) followed by its content between a ``<<<chunk-NONCE`` and a
-    ``chunk-NONCE>>>`` line; the nonce (12 hex digits) is random per answer and absent from all of the answer's
-    content and headers, so content cannot close its fence and forge a hit or an instruction outside it. A
-    degraded answer ends with a ``Note:`` line. An empty result says so plainly, in one line.
+    The first line (when the response names its scope) says how many results, the query, the mode, the scope and
+    the grouping. Each hit is a header line (:func:`hit_header`), a ``why:`` line (its keyword and vector ranks,
+    the fusion, the matched terms per field), for a file hit the file's other matching line ranges, then its content
+    between a ``<<<chunk-NONCE`` and a ``chunk-NONCE>>>`` line; the nonce (12 hex digits) is random per answer and
+    absent from all of the answer's content and structure lines, so content cannot close its fence and forge a hit
+    or an instruction outside it. A degraded answer ends with a ``Note:`` line. An empty result says so plainly,
+    in one line.
+
+    Args:
+        resp: the search response.
+        max_tokens: a budget in tokens of ``counter``: hits are kept best first; the first that does not fit is
+            cut at a line boundary (a ``[n] cut at the token budget: lines a-b not shown`` line follows its fence)
+            and the ones after it are omitted (named on a last ``Budget:`` line). The whole text's count is checked
+            and is never over the budget (:data:`scopekb.models.MIN_ANSWER_TOKENS` and up).
+        counter: the tokenizer the budget is counted with: the embedding model's (the runtime's ``counter``); None:
+            the tokenizer-free estimate of :class:`scopekb.chunking.tokens.EstimateCounter`.
     """
     if not resp.hits:
-        return f"No results for '{one_line(resp.query, 200)}'."
-    heads = [hit_header(n, h) for n, h in enumerate(resp.hits, 1)]
-    nonce = fence_nonce([*heads, *(h.content for h in resp.hits)])
-    opening, closing = FENCE_OPEN.format(nonce=nonce), FENCE_CLOSE.format(nonce=nonce)
-    parts = [f"{head}\n{opening}\n{h.content}\n{closing}" for head, h in zip(heads, resp.hits, strict=True)]
-    if resp.notice:
-        parts.append(f"Note: {one_line(resp.notice)}")
-    return "\n\n".join(parts)
+        if resp.scope is None:
+            return f"No results for '{one_line(resp.query, 200)}'."
+        return _fit(lambda q: summary_line(resp, q), max_tokens, counter)
+    blocks = _blocks(resp)
+    nonce = fence_nonce([resp.query, *(ln for b in blocks for ln in b.head), *(h.content for h in resp.hits)])
+    tail = [f"Note: {one_line(resp.notice)}"] if resp.notice else []
+    summary = summary_line(resp) if resp.scope is not None else None
+    whole = _assemble(summary, [(b, len(b.lines)) for b in blocks], nonce, tail)
+    if max_tokens is None or (counter := counter or _fallback_counter()).count(whole) <= max_tokens:
+        return whole
+    return _pack(resp, blocks, nonce, tail, max_tokens, counter)
+
+
+def _fit(make: Callable[[int], str], max_tokens: int | None, counter: Counter | None) -> str:
+    """``make(query_chars)`` with the query echo shortened until the line fits ``max_tokens``."""
+    text = make(200)
+    if max_tokens is None:
+        return text
+    counter = counter or _fallback_counter()
+    for q in (200, 80, 30, 10, 0):
+        text = make(q)
+        if counter.count(text) <= max_tokens:
+            return text
+    return _hard_cut(text, max_tokens, counter)
+
+
+def _hard_cut(text: str, max_tokens: int, counter: Counter) -> str:
+    """The longest prefix of ``text`` (by characters) within ``max_tokens``: the last resort of the budget."""
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if counter.count(text[:mid]) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo]
+
+
+def _budget_line(max_tokens: int, counter: Counter, omitted: list[_Block]) -> str:
+    text = f"Budget: {int(max_tokens)} tokens ({one_line(getattr(counter, 'name', 'tokens'), 60)})"
+    if omitted:
+        text += (f"; {len(omitted)} result{'s' if len(omitted) != 1 else ''} omitted: "
+                 + ", ".join(f"[{b.n}] {one_line(b.hit.path, 120)}:{int(b.hit.start_line)}-{int(b.hit.end_line)}"
+                             for b in omitted[:MAX_LISTED])
+                 + (f" +{len(omitted) - MAX_LISTED} more" if len(omitted) > MAX_LISTED else ""))
+    return text + "."
+
+
+def _pack(resp: SearchResponse, blocks: list[_Block], nonce: str, tail: list[str], max_tokens: int,
+          counter: Counter) -> str:
+    """Greedy packing, best first, verified against the whole text's count (see :func:`render_text`).
+
+    Per-block counts are summed (a tokenizer's count of joined text can differ slightly from the sum), so the whole
+    text is counted at the end; when it is over, the packing target shrinks by the excess and packing runs again.
+    The last resort is the summary and the ``Budget:`` line naming every result as omitted.
+    """
+    target = max_tokens
+    query_chars = 200
+    reserve = 60  # room for the Budget line and a cut line, checked below on the whole text
+    fence = ["<<<chunk-" + nonce, "chunk-" + nonce + ">>>"]
+    for _ in range(6):
+        summary = summary_line(resp, query_chars) if resp.scope is not None else None
+        used = counter.count(summary) if summary else 0
+        kept: list[tuple[_Block, int]] = []
+        stop = False
+        for b in blocks:
+            whole = counter.count("\n".join([*b.head, fence[0], *b.lines, fence[1]]))
+            if used + whole + reserve <= target:
+                kept.append((b, len(b.lines)))
+                used += whole
+                continue
+            fixed = counter.count("\n".join([*b.head, *fence]))
+            lo, hi = 0, len(b.lines)  # the largest line prefix that fits
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if used + fixed + counter.count("\n".join(b.lines[:mid])) + reserve <= target:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            if lo > 0:
+                kept.append((b, lo))
+            stop = True
+            break
+        done = {b.n for b, _ in kept}
+        omitted = [b for b in blocks if b.n not in done]
+        budget = [_budget_line(max_tokens, counter, omitted)] if stop else []
+        text = _assemble(summary, kept, nonce, [*tail, *budget])
+        total = counter.count(text)
+        if total <= max_tokens:
+            return text
+        target -= (total - max_tokens) + 10
+        query_chars = max(0, query_chars // 2)
+    return _fit(lambda q: "\n\n".join(
+        ([summary_line(resp, q)] if resp.scope is not None else []) + [_budget_line(max_tokens, counter, blocks)]),
+        max_tokens, counter)

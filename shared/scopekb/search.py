@@ -12,7 +12,17 @@ from typing import Any
 from scopekb import fields as F
 from scopekb import scoring, tuning
 from scopekb.errors import Refused
-from scopekb.models import LINE_MODES, SearchHit, SearchMode, SearchRequest, SearchResponse
+from scopekb.models import (
+    LINE_MODES,
+    FieldMatch,
+    HitReason,
+    LineRange,
+    SearchHit,
+    SearchMode,
+    SearchRequest,
+    SearchResponse,
+    SearchScope,
+)
 from scopekb.patterns import PatternRefused, compile_globs
 from scopekb.refs import RefIndex
 from scopekb.render import render_text
@@ -26,18 +36,25 @@ from scopekb.stores.base import (
     StoreVersionMismatch,
     SymbolQuery,
 )
+from scopekb.stores.sqlite.text import index_tokens, query_tokens
 from scopekb.textsearch import LinePattern
 
 #: Turns a query text into a vector, or None in keyword-only mode.
 QueryEmbedder = Callable[[str], Sequence[float]]
 
 
-__all__ = ["QueryEmbedder", "SearchUnavailable", "render_text", "run_search"]
+__all__ = ["QueryEmbedder", "SearchUnavailable", "best_mode", "group_by_file", "render_text", "run_search"]
 
 
 class SearchUnavailable(Refused, ValueError):
     """The search cannot run as asked (HTTP 400): a mode that needs an embedding model on a keyword-only index, or
     a ``file_patterns`` entry or a regex over a limit of ``query.*`` (the message names it)."""
+
+
+def best_mode(store: ChunkStore, embed: QueryEmbedder | None) -> SearchMode:
+    """The best mode this index supports: ``hybrid`` when the index holds vectors and a query embedder is
+    configured, else ``keyword`` (the default of the MCP ``search`` tool and the CLI)."""
+    return SearchMode.hybrid if embed is not None and store.dimension else SearchMode.keyword
 
 
 def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: QuerySettings,
@@ -54,7 +71,10 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     request names ``fusion``). None: the settings' weights.
 
     ``max_results`` is capped at ``cfg.max_results_cap``; hits under ``min_score`` are dropped. No hit is an
-    empty, successful response.
+    empty, successful response. Each hit carries its reason (:class:`HitReason`: matched terms and fields,
+    keyword and vector ranks, fusion or the literal/symbol match). With ``group_by="file"``,
+    ``cfg.candidate_factor × max_results`` chunks are found and grouped into at most ``max_results`` files
+    (:func:`group_by_file`), no file twice.
 
     ``exact``/``regex``/``symbol`` are answered by :func:`_line_search` and :func:`_symbol_search`; ``metadata``
     filters apply in every mode.
@@ -78,25 +98,35 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
                  for k, v in sorted(req.metadata.items()))
     flt = SearchFilter(scope=scope, source_id=req.source_id, repo=req.repo, ref=ref,
                        languages=tuple(req.languages), file_patterns=tuple(req.file_patterns), metadata=meta)
+    grouped = req.group_by == "file"
+    fetch = max(size * cfg.candidate_factor, size) if grouped else size  # files need several chunks each
+    mode = req.mode
     if req.mode in LINE_MODES:
-        hits, notice = _line_search(store, req, flt, cfg, size, t0)
+        hits, notice = _line_search(store, req, flt, cfg, fetch, t0)
     elif req.mode == SearchMode.symbol:
-        hits, notice = _symbol_search(store, req, flt, cfg, size)
+        hits, notice = _symbol_search(store, req, flt, cfg, fetch)
     else:
         chosen = tuning.ranking_for(records, scope) if req.mode == SearchMode.hybrid else None
-        hits, notice = _ranked_search(store, req, flt, cfg, size, embed, chosen)
+        hits, notice = _ranked_search(store, req, flt, cfg, fetch, embed, chosen)
+        if notice:  # the vector list was unavailable: the answer says keyword, the mode that ran
+            mode = SearchMode.keyword
+    if grouped:
+        hits = group_by_file(hits, size, tuple(dict.fromkeys(query_tokens(req.query))))
     if refs is not None and ref:
         hits = [h.model_copy(update={"ref": ref, "commit": refs.commit(h.source_id, ref) or h.commit})
                 for h in hits]
-    return SearchResponse(query=req.query, mode=req.mode, hits=hits, notice=notice,
+    return SearchResponse(query=req.query, mode=mode, hits=hits, notice=notice, group_by=req.group_by,
+                          scope=SearchScope(agent_name=scope.agent_name, context_ids=None if scope.context_ids is None
+                                            else list(scope.context_ids)),
                           took_ms=round((time.perf_counter() - t0) * 1000, 2))
 
 
 def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg: QuerySettings, size: int,
                    embed: QueryEmbedder | None, chosen: tuning.Fusion | None = None
                    ) -> tuple[list[SearchHit], str | None]:
-    """keyword / vector / hybrid: scores normalised to [0, 1] (DESIGN §5), best first. ``chosen``: the context's
-    applied ranking choice (:func:`scopekb.tuning.ranking_for`), else the settings' weights."""
+    """keyword / vector / hybrid: scores normalised to [0, 1] (DESIGN §5), best first, each hit with its ranks in
+    the keyword and vector lists, the fusion and the matched terms per field (:class:`HitReason`). ``chosen``: the
+    context's applied ranking choice (:func:`scopekb.tuning.ranking_for`), else the settings' weights."""
     depth = max(size * cfg.candidate_factor, size)
     docs: dict[str, dict[str, Any]] = {}
     notice = None
@@ -104,31 +134,44 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
         raise SearchUnavailable(f"mode {req.mode.value!r} needs an embedding model; this index is "
                                 "keyword-only (use mode 'keyword')")
     vh: list[RawHit] = []
+    kw: list[RawHit] = []
     if req.mode != SearchMode.keyword:
         try:
             vh = store.vector_search(embed(req.query), flt, depth if req.mode == SearchMode.hybrid else size)
         except StoreVersionMismatch as e:  # the alias moved to another model mid-flight: answer by keyword
             notice = f"vector search unavailable ({e}); answered by keyword"
+    kw_norm: dict[str, float] = {}
     if req.mode == SearchMode.keyword or notice:
         kw = store.keyword_search(req.query, flt, size)
         docs.update({i: d for i, _, d in kw})
         ranked = scoring.normalise_by_max([(i, s) for i, s, _ in kw])
+        kw_norm = dict(ranked)
+        how = "keyword"
     else:
         docs.update({i: d for i, _, d in vh})
         if req.mode == SearchMode.vector:
             ranked = [(i, min(1.0, max(0.0, s))) for i, s, _ in vh]
+            how = "vector"
         else:
             kw = store.keyword_search(req.query, flt, depth)
             docs.update({i: d for i, _, d in kw})
             kw_list, vec_list = [(i, s) for i, s, _ in kw], [(i, s) for i, s, _ in vh]
+            kw_norm = scoring.min_max(kw_list)
             fusion = req.fusion if chosen is None or "fusion" in req.model_fields_set else chosen.fusion
             kw_w, vec_w = (cfg.keyword_weight, cfg.vector_weight) if chosen is None else (
                 chosen.keyword_weight, chosen.vector_weight)
             if fusion == "rrf":
                 ranked = scoring.rrf_fusion(kw_list, vec_list)
+                how = f"rrf k={scoring.RRF_K}"
             else:
                 ranked = scoring.weighted_fusion(kw_list, vec_list, kw_w, vec_w)
-    return [_hit(docs[i], score) for i, score in ranked if round(score, 6) >= req.min_score][:size], notice
+                how = f"weighted {kw_w:g}×keyword + {vec_w:g}×vector" + (
+                    " (this context's tuned weights)" if chosen is not None else "")
+    ranks = _Ranks(kw={i: n for n, (i, _, _) in enumerate(kw, 1)}, kw_norm=kw_norm,
+                   vec={i: n for n, (i, _, _) in enumerate(vh, 1)}, vec_score={i: s for i, s, _ in vh},
+                   fusion=how, terms=tuple(dict.fromkeys(query_tokens(req.query))))
+    return [_hit(docs[i], score, why=ranks.reason(i, docs[i]))
+            for i, score in ranked if round(score, 6) >= req.min_score][:size], notice
 
 
 def _line_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg: QuerySettings, size: int,
@@ -166,7 +209,9 @@ def _line_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg: 
             break
         lines = pattern.lines(d[F.CONTENT], d[F.START_LINE])
         if lines:
-            hits.append(_hit(d, 1.0, match_lines=lines))
+            hits.append(_hit(d, 1.0, match_lines=lines, why=HitReason(
+                fusion=f"{req.mode.value}: every listed line matches", matched=[FieldMatch(
+                    field="content", terms=[req.query])])))
             if len(hits) > size:
                 break
     if len(hits) > size:
@@ -225,11 +270,142 @@ def _symbol_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
         defs_out = [{k: df.get(k) for k in ("name", "path", "kind", "signature", "line")} for _, df in matched]
         top = max(matched, key=lambda x: x[0])[1]
         hit = _hit(d, best, match_lines=sorted({int(df["line"]) for _, df in matched if df.get("line")}),
-                   definitions=defs_out)
+                   definitions=defs_out, why=HitReason(
+                       fusion=f"symbol: {req.symbol_match} {'case-sensitive' if cs else 'any case'} "
+                              f"{'qualified path' if by_path else 'name'}",
+                       matched=[FieldMatch(field="symbol", terms=[q])]))
         hit.signature = top.get("signature") or hit.signature
         scored.append((best, hit))
     scored.sort(key=lambda x: (-x[0], x[1].path, x[1].start_line))
     return [h for _, h in scored[:size]], notice
+
+
+#: Fields whose matched query terms a hit reports, with the stored field each is read from.
+REASON_FIELDS = (("symbol", F.SYMBOL), ("signature", F.SIGNATURE), ("path", F.PATH), ("content", F.CONTENT))
+
+
+def matched_fields(terms: Sequence[str], d: dict[str, Any], content: str | None = None) -> list[FieldMatch]:
+    """The query ``terms`` (already query-analysed: :func:`scopekb.stores.sqlite.text.query_tokens`) found in each
+    reason field of the stored chunk ``d``, through the index-time analysis both stores share
+    (:func:`scopekb.stores.sqlite.text.index_tokens`, the twin of the OpenSearch ``scopekb_code`` analyzer), so the
+    answer is the same on OpenSearch and SQLite. ``content`` overrides ``d``'s content (merged chunks)."""
+    out: list[FieldMatch] = []
+    if not terms:
+        return out
+    for name, key in REASON_FIELDS:
+        value = content if name == "content" and content is not None else d.get(key)
+        if not value:
+            continue
+        have = set(index_tokens(str(value)))
+        found = [t for t in terms if t in have]
+        if found:
+            out.append(FieldMatch(field=name, terms=found))
+    return out
+
+
+class _Ranks:
+    """Positions and normalised scores of each candidate in the keyword and vector lists of one search."""
+
+    def __init__(self, kw: dict[str, int], kw_norm: dict[str, float], vec: dict[str, int],
+                 vec_score: dict[str, float], fusion: str, terms: tuple[str, ...]) -> None:
+        self.kw, self.kw_norm, self.vec, self.vec_score = kw, kw_norm, vec, vec_score
+        self.fusion, self.terms = fusion, terms
+
+    def reason(self, i: str, d: dict[str, Any]) -> HitReason:
+        """The reason of candidate ``i`` (stored fields ``d``)."""
+        ks, vs = self.kw_norm.get(i), self.vec_score.get(i)
+        return HitReason(matched=matched_fields(self.terms, d), keyword_rank=self.kw.get(i),
+                         vector_rank=self.vec.get(i), fusion=self.fusion,
+                         keyword_score=None if ks is None else round(ks, 6),
+                         vector_score=None if vs is None else round(min(1.0, max(0.0, vs)), 6))
+
+
+def _file_key(h: SearchHit) -> tuple[Any, ...]:
+    """What "one file" means for grouping: one version (blob) of a path in one source of one scope."""
+    return (h.agent_name, h.context_id, h.source_id, h.repo, h.path, h.blob_sha)
+
+
+def _lines_of(h: SearchHit) -> list[str] | None:
+    """The hit's content as its lines start..end, or None when the content is not exactly those lines."""
+    lines = h.content.split("\n")
+    want = h.end_line - h.start_line + 1
+    if len(lines) > 1 and lines[-1] == "" and len(lines) - 1 == want:
+        lines.pop()
+    return lines if len(lines) == want else None
+
+
+def _touches(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= b[1] + 1 and b[0] <= a[1] + 1
+
+
+def _merge_ranges(items: Sequence[tuple[int, int, float]]) -> list[LineRange]:
+    """Line ranges merged where they overlap or touch, each with its best score; best first, then by line."""
+    out: list[list[float]] = []
+    for lo, hi, sc in sorted(items):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+            out[-1][2] = max(out[-1][2], sc)
+        else:
+            out.append([lo, hi, sc])
+    return sorted((LineRange(start_line=int(a), end_line=int(b), score=round(c, 6)) for a, b, c in out),
+                  key=lambda r: (-r.score, r.start_line))
+
+
+def group_by_file(hits: Sequence[SearchHit], size: int, terms: Sequence[str] = ()) -> list[SearchHit]:
+    """One hit per file, in the order of each file's first hit, at most ``size`` files.
+
+    Args:
+        hits: chunk hits in answer order (best first); a file is one version (``blob_sha``) of a path in one
+            source of one scope, so no file appears twice.
+        size: files to return.
+        terms: query terms (:func:`scopekb.stores.sqlite.text.query_tokens`), to recompute a merged hit's matched
+            fields in the ranked modes.
+
+    A file's hit is its first chunk merged with the file's other chunks that overlap or touch it (line by line,
+    when every chunk's content is exactly its lines; otherwise the first chunk alone); score and reason are the
+    first chunk's, matching lines and definitions the merged chunks' together; ``other_ranges`` lists the file's
+    remaining chunks' line ranges, merged where they overlap or touch, best first.
+    """
+    files: dict[tuple[Any, ...], list[SearchHit]] = {}
+    for h in hits:
+        key = _file_key(h)
+        if key in files or len(files) < size:
+            files.setdefault(key, []).append(h)
+    out: list[SearchHit] = []
+    for items in files.values():
+        best = items[0]
+        first = _lines_of(best)
+        lines = {best.start_line + n: t for n, t in enumerate(first or [])}
+        block = (best.start_line, best.end_line)
+        group, rest = [best], list(items[1:])
+        grew = first is not None
+        while grew:
+            grew = False
+            for h in list(rest):
+                hl = _lines_of(h)
+                if hl is not None and _touches(block, (h.start_line, h.end_line)):
+                    for n, t in enumerate(hl):
+                        lines.setdefault(h.start_line + n, t)
+                    block = (min(block[0], h.start_line), max(block[1], h.end_line))
+                    rest.remove(h)
+                    group.append(h)
+                    grew = True
+        hit = best.model_copy(deep=True)
+        hit.chunks = len(group)
+        hit.other_ranges = _merge_ranges([(h.start_line, h.end_line, h.score) for h in rest])
+        if len(group) > 1:
+            hit.start_line, hit.end_line = block
+            hit.content = "\n".join(lines[n] for n in range(block[0], block[1] + 1))
+            if any(h.match_lines for h in group):
+                hit.match_lines = sorted({n for h in group for n in (h.match_lines or [])})
+            if any(h.definitions for h in group):
+                hit.definitions = [df for h in group for df in (h.definitions or [])]
+            why = hit.why
+            if why is not None and terms and (why.keyword_rank is not None or why.vector_rank is not None):
+                hit.why = why.model_copy(update={"matched": matched_fields(
+                    terms, {F.SYMBOL: hit.symbol, F.SIGNATURE: hit.signature, F.PATH: hit.path}, hit.content)})
+        out.append(hit)
+    return out
 
 
 def _hit(d: dict[str, Any], score: float, **extra: Any) -> SearchHit:

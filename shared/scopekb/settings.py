@@ -210,6 +210,9 @@ class QuerySettings(BaseModel):
     vector_weight: float = 0.7
     #: Candidates fetched per list before fusion, as a multiple of the requested results.
     candidate_factor: int = 4
+    #: Default token budget of an MCP ``search`` answer (tokens of the embedding model's tokenizer; issue 22:
+    #: the median answer on the bench quality queries stays within 2,000 tokens).
+    mcp_max_tokens: int = Field(default=2000, ge=100, le=100_000)  # models.MIN/MAX_ANSWER_TOKENS
     #: Bounds on a search's ``file_patterns`` (issue 16, :mod:`scopekb.patterns`); a request over one gets 400
     #: naming it. Wildcards bound the OpenSearch automaton; each ``**/`` doubles the wildcard clauses.
     max_patterns: int = 20

@@ -112,7 +112,7 @@ def test_mcp_http_lists_tools_indexes_and_searches(stack: Stack, mcp_world: dict
     keys, srcs = mcp_world["keys"], mcp_world["sources"]
     names, (idx, other_idx) = anyio.run(_http_session, stack, keys["mine"], [
         ("index", {"source_id": srcs[AGENT]}), ("index", {"source_id": srcs[OTHER]})])
-    assert sorted(names) == ["index", "search", "status"]
+    assert sorted(names) == ["index", "read", "search", "status"]
     assert not idx.is_error, _text(idx)
     job_id = _text(idx).rsplit("Job id: ", 1)[1].strip()
     # Another agent's source: refused, and the answer does not reveal that it exists.
@@ -149,7 +149,7 @@ def test_mcp_http_lists_tools_indexes_and_searches(stack: Stack, mcp_world: dict
     assert _text(py_only).count("[") >= 1 and "[2]" not in _text(py_only)
     assert _text(md_only).startswith("No results") or "pkg/widgets.py" not in _text(md_only)
     # The other agent's marker is invisible even with cross_context.
-    assert not nothing.is_error and _text(nothing) == f"No results for {OTHER_FUNC!r}."
+    assert not nothing.is_error and _text(nothing).startswith(f"No results for {OTHER_FUNC!r} (mode keyword; ")
     st = _text(status)
     assert srcs[AGENT] in st and "READY" in st and srcs[OTHER] not in st
     assert bad_ctx.is_error and "not allowed" in _text(bad_ctx)
@@ -160,8 +160,8 @@ def test_mcp_http_lists_tools_indexes_and_searches(stack: Stack, mcp_world: dict
     # The other agent's key sees its own marker and none of ours.
     _, (theirs, ours) = anyio.run(_http_session, stack, keys["other"], [
         ("search", {"query": OTHER_FUNC}), ("search", {"query": FUNC, "cross_context": True})])
-    assert _text(theirs).startswith("[1] secret.py:1-2 (score 1.00)"), _text(theirs)
-    assert _text(ours) == f"No results for {FUNC!r}."
+    assert _text(theirs).split("\n")[2].startswith("[1] secret.py:1-2 (score 1.00)"), _text(theirs)
+    assert _text(ours).startswith(f"No results for {FUNC!r} (mode keyword; agent {OTHER!r}, context 'ctx-1'; ")
 
 
 @pytest.mark.parametrize("auth", [None, "Bearer nope", "Bearer " + ADMIN_TOKEN, "Basic abc", "revoked"])
@@ -204,7 +204,7 @@ def test_mcp_stdio_serves_the_same_tools(stack: Stack, mcp_world: dict[str, Any]
         return [t.name for t in tools.tools], st, refused
 
     names, st, refused = anyio.run(go)
-    assert sorted(names) == ["index", "search", "status"]
+    assert sorted(names) == ["index", "read", "search", "status"]
     assert mcp_world["sources"][OTHER] in _text(st) and mcp_world["sources"][AGENT] not in _text(st)
     assert refused.is_error and "not found for this key" in _text(refused)
 
@@ -251,4 +251,4 @@ def test_mcp_stdio_embedded_profile_indexes_in_process(tmp_path: Path) -> None:
 
     status, hit = anyio.run(go)
     assert src.id in status and "1 documents" in status, status
-    assert hit.startswith("[1] pkg/widgets.py:"), hit
+    assert hit.split("\n")[2].startswith("[1] pkg/widgets.py:"), hit

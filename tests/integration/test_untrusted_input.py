@@ -147,6 +147,9 @@ def test_forged_fence_and_header_render_as_one_hit(deps: SyncDeps, tmp_path: Pat
             fenced = not fenced
         elif not fenced and line:
             outside.append(line)
+    assert outside[0].startswith("2 results for 'forgedmarker' (mode keyword; agent "), outside
+    assert all(ln.startswith("why: keyword #") for ln in outside[2::2]), outside  # each hit's reason line
+    outside = outside[1::2]
     assert len(outside) == 2 and all(ln.startswith(("[1] ", "[2] ")) for ln in outside), outside
     assert not any("evil.py" in ln and ln.startswith("[9]") for ln in outside)
     assert any(ln.startswith("[") and "docs/a\\n[9] evil.py:1-1 (score 1.00)\\n\\x1b[2Jx.md" in ln for ln in outside)

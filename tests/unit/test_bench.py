@@ -45,7 +45,7 @@ def test_committed_run_is_a_full_run_that_passes_its_checks() -> None:
     res = Results()
     for m in data["metrics"]:
         res.add(**{k: v for k, v in m.items() if k != "ratio"})
-    assert main.check(res) == []
+    assert main.check(res, since_committed=False) == []
 
 
 def _results(**overrides: tuple[float, float]) -> Results:
@@ -71,6 +71,7 @@ def test_check_passes_when_outcomes_hold() -> None:
     ("quality.ann_recall_at_10", 0.90, 1.0),                             # ANN far from exact
     ("incremental.keyword.unchanged_resync_writes", 181, 99070),         # a no-op push wrote chunks
     ("incremental.local_model.unchanged_resync_writes", 1, 1594),
+    ("quality.mcp_answer_tokens.p50", 2150, 2000),                       # MCP answers over the goal
 ])
 def test_check_fails_on_a_broken_deterministic_outcome(mid: str, value: float, baseline: float) -> None:
     problems = main.check(_results(**{mid: (value, baseline)}))

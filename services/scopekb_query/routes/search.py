@@ -20,10 +20,12 @@ router = APIRouter(tags=["search"])
 @router.post("/v1/search", response_model=SearchResponse)
 def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt,
            format: Literal["json", "text"] = "json") -> Any:
-    """Search within the caller's scope. ``?format=text`` returns the agent text rendering; any other format
-    than ``json`` or ``text`` is a 422 naming the choices. ``ref`` = a full commit id that no ref has indexed pins
-    that commit: 202 ``{"status": "pinning", "job_id", ...}``; search again when ``GET /v1/jobs/{job_id}`` is
-    done (404 for a commit of no repository of the scope, 429 over ``git.max_pins_per_source``)."""
+    """Search within the caller's scope. ``?format=text`` returns the agent text rendering (packed into
+    ``max_tokens`` of the embedding model's tokenizer when given); any other format than ``json`` or ``text`` is a
+    422 naming the choices. ``group_by: "file"`` gives one result per file. ``ref`` = a full commit id that no ref
+    has indexed pins that commit: 202 ``{"status": "pinning", "job_id", ...}``; search again when
+    ``GET /v1/jobs/{job_id}`` is done (404 for a commit of no repository of the scope, 429 over
+    ``git.max_pins_per_source``)."""
     request.scope["scopekb_mode"] = req.mode.value
     if c.key is None:
         raise HTTPException(403, "searches need an agent key, not the admin token")
@@ -34,5 +36,5 @@ def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt,
     except CommitNotIndexed as e:  # a commit no ref has indexed: pin it (issue 23); 202 with the job to wait for
         return JSONResponse(ops.pin_commit(rt, scope, e.commit, req.source_id, req.repo), status_code=202)
     if format == "text":
-        return PlainTextResponse(render_text(resp))
+        return PlainTextResponse(render_text(resp, req.max_tokens, rt.counter))
     return resp
