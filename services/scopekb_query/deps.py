@@ -28,10 +28,21 @@ def runtime(request: Request) -> Runtime:
 Rt = Annotated[Runtime, Depends(runtime)]
 
 
+#: Where :func:`bearer_gate` leaves the caller it resolved for this request (``scope["state"]``), so the route's
+#: :func:`caller` dependency does not look the key up a second time (issue 20: one key lookup, and so at most
+#: one keys-version read, per request).
+_GATED_CALLER = "scopekb_caller"
+
+
 def caller(request: Request, rt: Rt) -> Caller:
     """The caller of ``Authorization: Bearer <key>``: the admin token, or a live agent key (the runtime's cached
-    :class:`scopekb.auth.KeyLookup`, shared with MCP). 401 without a bearer key or for an unknown/revoked key."""
-    return caller_of(rt, request.headers.get("authorization", ""))
+    :class:`scopekb.auth.KeyLookup`, shared with MCP). 401 without a bearer key or for an unknown/revoked key.
+    Reuses the caller :func:`bearer_gate` resolved for the same request and header."""
+    authorization = request.headers.get("authorization", "")
+    gated = request.scope.get("state", {}).get(_GATED_CALLER)
+    if gated is not None and gated[0] == authorization:
+        return gated[1]  # type: ignore[no-any-return]
+    return caller_of(rt, authorization)
 
 
 def caller_of(rt: Runtime, authorization: str) -> Caller:
@@ -81,11 +92,12 @@ def bearer_gate(rt: Runtime) -> Gate:
         authorization = next((v.decode("latin-1") for k, v in scope.get("headers") or () if k == b"authorization"),
                              "")
         try:
-            await run_in_threadpool(caller_of, rt, authorization)
+            who = await run_in_threadpool(caller_of, rt, authorization)
         except HTTPException as e:
             return e.status_code, str(e.detail), dict(e.headers or {})
         except Exception:  # noqa: BLE001 - the key store is down: the route itself answers 503
             return None
+        scope.setdefault("state", {})[_GATED_CALLER] = (authorization, who)
         return None
 
     return gate
