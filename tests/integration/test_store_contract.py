@@ -702,3 +702,34 @@ def test_record_store_typed_helpers(records: RecordStore) -> None:
     assert records.indexed_commit(src.id) is None
     records.set_indexed_commit(src.id, "a" * 40)
     assert records.indexed_commit(src.id) == "a" * 40
+
+
+# ---------------------------------------------------------------------------------------------- metadata filters
+
+
+def test_metadata_filters_in_vector_and_hybrid_modes(backend: Backend) -> None:
+    """``metadata`` narrows kNN (inside the filter, so k hits still come back) and hybrid like keyword (issue 22):
+    nested keys by dots, lists match any element, values compare as text."""
+    store = backend.make("meta")
+    docs = [mkdoc("m", "c", "s", f"doc{i}.md", f"shared words {i}") for i in range(6)]
+    metas = [{"team": "a"}, {"team": "b", "tags": ["x", "y"]}, {"nested": {"k": 1}}, {"team": "a", "flag": True},
+             {"team": "c"}, {}]
+    for d, m in zip(docs, metas, strict=True):
+        d[F.METADATA] = m
+    assert not store.bulk_write(docs, refresh=True).errors
+    sc = scope(agent="m", contexts=("c",))
+    probe = vec_for("probe")
+
+    def paths(**meta: Any) -> set[str]:
+        filters = tuple((k, tuple(v if isinstance(v, list) else [v])) for k, v in meta.items())
+        return {h[2][F.PATH] for h in store.vector_search(probe, flt(sc, metadata=filters), 10)}
+
+    assert paths(team="a") == {"doc0.md", "doc3.md"}
+    assert paths(team=["b", "c"]) == {"doc1.md", "doc4.md"}
+    assert paths(tags="y") == {"doc1.md"} and paths(**{"nested.k": "1"}) == {"doc2.md"}
+    assert paths(team="a", flag="true") == {"doc3.md"} and paths(team="zz") == set()
+    emb = embedder({"shared": probe})
+    for mode in ("keyword", "vector", "hybrid"):
+        resp = search(store, "shared", sc, mode, emb, max_results=10, metadata={"team": "a"})
+        assert {h.path for h in resp.hits} == {"doc0.md", "doc3.md"}, mode
+        assert_scores(resp)
