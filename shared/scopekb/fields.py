@@ -96,11 +96,16 @@ _ANALYSIS: dict[str, Any] = {
 }
 
 
-def chunk_mapping(dimension: int | None) -> dict[str, Any]:
+def chunk_mapping(dimension: int | None, model: str | None = None, encoder: str = "none") -> dict[str, Any]:
     """Return the chunk index mapping; ``dimension`` None means keyword-only (no ``embedding`` field).
 
     Vectors use the ``lucene`` engine (hnsw, cosinesimil): the k-NN plugin here has no native libraries and its
-    default engine would end the node (DESIGN §8).
+    default engine would end the node (DESIGN §8). They are kept out of ``_source`` (``excludes``): the HNSW
+    graph and the vector values Lucene keeps are what search reads, and a JSON float array in ``_source`` tripled
+    the index (index bytes ÷ source bytes 27.5, issue #19). A reindex therefore takes vectors from the embedding
+    cache (:mod:`scopekb.reindex`), never from ``_source``. ``encoder`` ``sq``: Lucene's scalar quantization
+    (int8 per dimension, OpenSearch ≥ 2.16) of the stored vectors the graph is built and searched on.
+    ``_meta`` records ``model`` and ``encoder`` so a process configured for other vectors refuses the index.
     """
     text_kw = {"type": "text", "analyzer": CODE_ANALYZER, "search_analyzer": CODE_SEARCH_ANALYZER,
                "fields": {"keyword": {"type": "keyword", "ignore_above": 512}}}
@@ -139,10 +144,17 @@ def chunk_mapping(dimension: int | None) -> dict[str, Any]:
             "type": "knn_vector",
             "dimension": dimension,
             "method": {"name": "hnsw", "engine": "lucene", "space_type": "cosinesimil",
-                       "parameters": {"m": 16, "ef_construction": 128}},
+                       "parameters": {"m": 16, "ef_construction": 128,
+                                      **({"encoder": {"name": "sq"}} if encoder == "sq" else {})}},
         }
-    return {"dynamic": "strict", "_meta": {"mapping_version": MAPPING_VERSION, "dimension": dimension},
-            "properties": props}
+    mapping: dict[str, Any] = {
+        "dynamic": "strict",
+        "_meta": {"mapping_version": MAPPING_VERSION, "dimension": dimension, "model": model if dimension else None,
+                  "encoder": encoder if dimension else None},
+        "properties": props}
+    if dimension:
+        mapping["_source"] = {"excludes": [EMBEDDING]}
+    return mapping
 
 
 #: Chunk kinds that are not definitions (line windows, markdown sections, notebook cells).
@@ -204,14 +216,15 @@ def chunk_index_settings(shards: int, replicas: int, knn: bool) -> dict[str, Any
     return {"index": s}
 
 
-def index_version_name(alias: str, dimension: int | None, model: str | None) -> str:
-    """Concrete index name behind ``alias`` for one mapping version and embedding model.
+def index_version_name(alias: str, dimension: int | None, model: str | None, encoder: str = "none") -> str:
+    """Concrete index name behind ``alias`` for one mapping version, embedding model and vector encoder.
 
-    Example: ``scopekb-chunks-v1-kw`` (keyword-only) or ``scopekb-chunks-v1-384-1a2b3c4d``.
+    Example: ``scopekb-chunks-v1-kw`` (keyword-only) or ``scopekb-chunks-v1-384-1a2b3c4d`` (the tag hashes the
+    model id, plus ``|sq`` with scalar quantization).
     """
     if not dimension:
         return f"{alias}-v{MAPPING_VERSION}-kw"
-    tag = hashlib.sha256((model or "").encode()).hexdigest()[:8]
+    tag = hashlib.sha256(((model or "") + ("|sq" if encoder == "sq" else "")).encode()).hexdigest()[:8]
     return f"{alias}-v{MAPPING_VERSION}-{dimension}-{tag}"
 
 

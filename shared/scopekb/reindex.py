@@ -88,7 +88,7 @@ def _reindex(target: OpenSearchChunkStore, embedder: Embedder | None, cache: Emb
     old = target.live_index()
     new = f"{target.version_name}-{int(time.time())}"
     body = {"settings": F.chunk_index_settings(target.shards, 0, knn=bool(target.dimension)),
-            "mappings": F.chunk_mapping(target.dimension)}
+            "mappings": F.chunk_mapping(target.dimension, target.model, target.encoder)}
     body["settings"]["index"]["refresh_interval"] = "-1"
     client.indices.create(index=new, body=body)
     client.cluster.health(index=new, wait_for_status="yellow", params={"request_timeout": 35})

@@ -290,7 +290,8 @@ def build_runtime(settings: Settings, with_embedder: bool = True, interactive: b
     chunks = OpenSearchChunkStore(client, alias=os_cfg.alias, dimension=dimension,
                                   model=embedder.model_id if embedder is not None else None,
                                   shards=os_cfg.shards, replicas=os_cfg.replicas,
-                                  bulk_max_bytes=os_cfg.bulk_max_bytes, bulk_in_flight=os_cfg.bulk_in_flight)
+                                  bulk_max_bytes=os_cfg.bulk_max_bytes, bulk_in_flight=os_cfg.bulk_in_flight,
+                                  encoder=os_cfg.knn_encoder)
     return Runtime(settings=settings, records=OpenSearchRecordStore(client, os_cfg.system_prefix), chunks=chunks,
                    coord=coordination(settings), tasks=CeleryTasks(settings, name), blobs=S3BlobStore(settings.s3),
                    embedder=embedder, counter=counter, opensearch_client=client)

@@ -106,8 +106,57 @@ def test_model_switch_reindex_with_zero_failed_searches(opensearch_url: str, s3_
                                                    context_id="c"), ScopeFilter("a", ("c",)), QuerySettings(),
                           embed=new_emb.embed_query)
         assert resp.hits[0].path == "storage/upload.py" and resp.notice is None
-        # Reindexing again with the same model re-embeds nothing: every vector comes from the cache.
+        # Vectors are not in _source (issue #19): a plain read of every stored document has no embedding field ...
+        docs = client.search(index=s.opensearch.alias, body={"size": 100, "query": {"match_all": {}}})["hits"]["hits"]
+        assert len(docs) == before and all("embedding" not in d["_source"] for d in docs)
+        assert all(d["_source"]["embedding_model"] == new_emb.model_id for d in docs)
+        # ... so reindexing again takes them from the embedding cache: the same model re-embeds nothing.
         rep2 = reindex(new_store, new_emb, cache, s.chunking, deps.counter)
         assert rep2.embeddings_computed == 0 and rep2.embeddings_cached == before
     finally:
         client.indices.delete(index=f"it-rx-{run}*", params={"expand_wildcards": "open"})
+
+
+def test_same_dimension_other_vectors_are_refused_and_sq_reindex_keeps_search(opensearch_url: str, s3_config: dict,
+                                                                              stubs, tmp_path_factory) -> None:
+    """A backend whose vectors differ at the same dimension (torch -> onnx-int8: another model id) is refused like
+    a dimension change; the reindex to it can switch on scalar quantization, and search still finds the file."""
+    old_stub, _ = stubs
+    run = uuid.uuid4().hex[:8]
+    s = Settings(opensearch={"url": opensearch_url, "alias": f"it-rq-{run}", "system_prefix": f"it-rq-{run}-sys"},
+                 s3={**s3_config, "bucket": f"it-rq-{run}"},
+                 git={"cache_dir": tmp_path_factory.mktemp("git"), "allow_local_paths": True})
+    client = make_client(s.opensearch)
+    try:
+        emb = OpenAIEmbedder(model="minilm", base_url=old_stub.base_url, api_key="x")
+        other = OpenAIEmbedder(model="minilm", base_url=old_stub.base_url, api_key="x", model_id="minilm+int8")
+        cache = OpenSearchEmbeddingCache(client, f"it-rq-{run}-sys-embcache")
+        store = OpenSearchChunkStore(client, alias=s.opensearch.alias, dimension=emb.dimension, model=emb.model_id)
+        store.ensure_index()
+        deps = SyncDeps(settings=s, records=OpenSearchRecordStore(client, s.opensearch.system_prefix),
+                        chunks=store, blobs=S3BlobStore(s.s3), embedder=emb, embed_cache=cache,
+                        counter=counter_for_model(None, s.chunking))
+        repo = Repo(tmp_path_factory.mktemp("rq") / "r")
+        for path, text in FILES.items():
+            repo.write(path, text)
+        repo.commit()
+        src = Source(id=Source.new_id(), agent_name="a", context_id="c", repo_url=str(repo.path), ref="main")
+        deps.records.put_source(src)
+        assert run_sync(deps, "j1", [src.id]).state.value == "done"
+
+        sq_store = OpenSearchChunkStore(client, alias=s.opensearch.alias, dimension=emb.dimension,
+                                        model=other.model_id, encoder="sq")
+        with pytest.raises(IndexVersionMismatch, match="model.*reindex"):
+            sq_store.ensure_index()
+        rep = reindex(sq_store, other, cache, s.chunking, deps.counter)
+        assert rep.chunks == store.count() and rep.embeddings_computed > 0  # other model id: its own cache entries
+        method = client.indices.get_mapping(index=rep.new_index)[rep.new_index]["mappings"]["properties"][
+            "embedding"]["method"]
+        assert method["parameters"]["encoder"]["name"] == "sq"
+        sq_store.ensure_index()
+        resp = run_search(sq_store, SearchRequest(query="retry failed uploads", mode=SearchMode.vector,
+                                                  context_id="c"), ScopeFilter("a", ("c",)), QuerySettings(),
+                          embed=other.embed_query)
+        assert resp.hits[0].path == "storage/upload.py"
+    finally:
+        client.indices.delete(index=f"it-rq-{run}*", params={"expand_wildcards": "open"})

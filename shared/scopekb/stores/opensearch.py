@@ -240,15 +240,18 @@ class OpenSearchChunkStore:
         alias: the alias every reader and writer uses (``scopekb-chunks``).
         dimension: embedding dimension, or None for a keyword-only index.
         model: embedding model id (part of the index version name).
+        encoder: ``none`` or ``sq`` (Lucene scalar quantization of the vectors; see
+            :func:`scopekb.fields.chunk_mapping`).
     """
 
     kind = "opensearch"
 
     def __init__(self, client: OpenSearch, alias: str = "scopekb-chunks", dimension: int | None = None,
                  model: str | None = None, shards: int = 1, replicas: int = 0,
-                 bulk_max_bytes: int = 4 * 1024 * 1024, bulk_in_flight: int = 1) -> None:
+                 bulk_max_bytes: int = 4 * 1024 * 1024, bulk_in_flight: int = 1, encoder: str = "none") -> None:
         self.client = client
         self.bulk_in_flight = max(1, int(bulk_in_flight))
+        self.encoder = encoder
         self.alias = alias
         self.dimension = dimension
         self.model = model
@@ -261,7 +264,7 @@ class OpenSearchChunkStore:
     @property
     def version_name(self) -> str:
         """The concrete index name for this mapping version and model."""
-        return F.index_version_name(self.alias, self.dimension, self.model)
+        return F.index_version_name(self.alias, self.dimension, self.model, self.encoder)
 
     def ensure_index(self) -> str:
         """Create the versioned index with its mapping in one call and point the alias at it, idempotently.
@@ -279,12 +282,18 @@ class OpenSearchChunkStore:
                     f"index {current!r} behind alias {self.alias!r} has mapping version "
                     f"{meta.get('mapping_version')} and dimension {meta.get('dimension')}; this process wants "
                     f"version {F.MAPPING_VERSION} and dimension {self.dimension}. Run `scopekb reindex`.")
+            # indices made before model/encoder were recorded have neither key: accepted as they are
+            for key, want in (("model", self.model), ("encoder", self.encoder)):
+                if self.dimension and meta.get(key) is not None and want is not None and meta[key] != want:
+                    raise IndexVersionMismatch(
+                        f"index {current!r} behind alias {self.alias!r} holds vectors of {key} {meta[key]!r}; this "
+                        f"process wants {want!r}. Run `scopekb reindex`.")
             self._migrate_refs(current)
             return current
         name = self.version_name
         self._check_data_nodes(self.replicas)
         body = {"settings": F.chunk_index_settings(self.shards, self.replicas, knn=bool(self.dimension)),
-                "mappings": F.chunk_mapping(self.dimension)}
+                "mappings": F.chunk_mapping(self.dimension, self.model, self.encoder)}
         try:
             self.client.indices.create(index=name, body=body)
             log.info("chunk_index_created", index=name, dimension=self.dimension)
@@ -773,14 +782,27 @@ class OpenSearchChunkStore:
 
     def vector_search(self, vector: Sequence[float], flt: SearchFilter, k: int) -> list[RawHit]:
         """kNN (lucene hnsw, cosinesimil) with the filters inside the ``knn`` clause, so k hits come back when
-        k matching chunks exist. Scores are the plugin's ``(1 + cos) / 2`` in [0, 1]."""
+        k matching chunks exist. Scores are the plugin's ``(1 + cos) / 2`` in [0, 1].
+
+        With scalar quantization (``encoder`` ``sq``) the graph search ranks by the 7-bit vectors, which on
+        clustered test vectors gave recall@10 of 0.94-0.96 against exact search; so ``4k`` candidates (at least
+        40) are taken and rescored with the exact cosine of the full-precision vectors Lucene keeps beside the
+        quantized ones (the ``knn_score`` script, which scores ``(1 + cos) / 2`` too), and the best k kept.
+        """
         if not self.dimension:
             return []
-        body = {"size": k, "query": {"knn": {F.EMBEDDING: {
-            "vector": list(vector), "k": k, "filter": {"bool": {"filter": filter_clauses(flt)}},
+        depth = max(4 * k, 40) if self.encoder == "sq" else k
+        body: dict[str, Any] = {"size": k, "query": {"knn": {F.EMBEDDING: {
+            "vector": list(vector), "k": depth, "filter": {"bool": {"filter": filter_clauses(flt)}},
             # lucene's default ef_search (= k) gave recall@10 of 0.73 on random vectors here; 100 gave 0.99.
-            "method_parameters": {"ef_search": max(100, k)}}}},
+            "method_parameters": {"ef_search": max(100, depth)}}}},
             "_source": {"excludes": [F.EMBEDDING]}}
+        if self.encoder == "sq":
+            body["rescore"] = {"window_size": depth, "query": {
+                "query_weight": 0.0, "rescore_query_weight": 1.0, "rescore_query": {"script_score": {
+                    "query": {"match_all": {}},
+                    "script": {"source": "knn_score", "lang": "knn", "params": {
+                        "field": F.EMBEDDING, "query_value": list(vector), "space_type": "cosinesimil"}}}}}}
         try:
             res = self.client.search(index=self.alias, body=body, params=_WHOLE_RESULTS)
         except NotFoundError:
