@@ -90,7 +90,7 @@ def main() -> int:
         try:
             rt.chunks.ensure_index()
             src = Source(id=f"src_{run_id}", agent_name="bench", context_id="refs", repo_url=str(bare), ref="main",
-                         refs=["main", "b*"], repo_name="bench/refs", webhooks=False)
+                         refs=["main", "refsbench-*"], repo_name="bench/refs", webhooks=False)
             rt.records.put_source(src)
             t0 = time.perf_counter()
             full = run_sync(rt.sync_deps(), f"{run_id}-full", [src.id], trigger="bench")
@@ -99,7 +99,7 @@ def main() -> int:
             files = [p for p in _git(bare, "ls-tree", "-r", "--name-only", head).splitlines()
                      if p.startswith(args.prefer) and p.endswith(".py")][:args.branches]
             for n, path in enumerate(files):
-                _one_file_branch(bare, head, f"b{n}", path, n)
+                _one_file_branch(bare, head, f"refsbench-{n}", path, n)
             t0 = time.perf_counter()
             many = run_sync(rt.sync_deps(), f"{run_id}-branches", [src.id], trigger="bench")
             t_many = time.perf_counter() - t0

@@ -599,11 +599,14 @@ class OpenSearchChunkStore:
 
     def _by_query(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
         """Run ``delete_by_query``/``update_by_query`` on the alias (conflicts proceed), retrying 429/503 with
-        jittered backoff up to 5 times; ``{}`` when the index does not exist."""
+        jittered backoff up to 5 times; ``{}`` when the index does not exist. The client waits up to 15 minutes:
+        a new ref's membership copy rewrites every chunk of the ref it copies (the 30 s default timed out on
+        django's 40,000 chunks and the client's retry ran it again)."""
         for attempt in range(6):
             try:
                 return dict(getattr(self.client, op)(index=self.alias, body=body, conflicts="proceed",
-                                                     refresh=False, params={"slices": "auto"}))
+                                                     refresh=False,
+                                                     params={"slices": "auto", "request_timeout": 900}))
             except NotFoundError:
                 return {}
             except TransportError as e:
