@@ -20,7 +20,7 @@ from typing import Any
 
 from scopekb_bench.report import GROUP_ORDER, QUALITY_MODES, fmt
 
-SECTIONS = ("run", "quality", "performance")
+SECTIONS = ("run", "quality", "sets", "performance")
 _BLOCK = re.compile(r"(<!-- generated: (\w+) \(bench/run --docs; do not edit\) -->\n)(.*?)(<!-- end generated: \2 -->)",
                     re.S)
 
@@ -78,16 +78,35 @@ def _quality(data: dict[str, Any]) -> str:
 def _performance(data: dict[str, Any]) -> str:
     lines = ["| group | metric | scopekb | baseline | unit | ratio | target |", "|---|---|---:|---:|---|---:|---|"]
     order = {g: i for i, g in enumerate(GROUP_ORDER)}
-    for m in sorted((m for m in data["metrics"] if m["group"] != "quality"), key=lambda m: order.get(m["group"], 99)):
+    shown = (m for m in data["metrics"] if not m["group"].startswith("quality"))
+    for m in sorted(shown, key=lambda m: order.get(m["group"], 99)):
         cells = [m["group"], m["label"], fmt(m["value"]), fmt(m["baseline"]), m["unit"], fmt(m["ratio"]),
                  m["target"] or ("↑" if m["better"] == "higher" else "↓")]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 
 
+def _sets(data: dict[str, Any]) -> str:
+    sets = data["series"].get("quality_sets")
+    if not sets:
+        return "No quality-set figures in the committed run."
+    run = data["meta"].get("sets_run") or data["meta"]
+    lines = [f"Run `{run.get('run_id', '?')}` of {run.get('started', '?')} (`bench/run --phases sets`; "
+             f"{run.get('profile', '?')} profile). Mean over queries with its 95% bootstrap interval.", "",
+             "| set | kind | queries | mode | NDCG@10 | MRR@10 | Hit@1 | Hit@10 |",
+             "|---|---|---:|---|---|---|---|---|"]
+    for sid, s in sets.items():
+        name = f"{sid} (held aside)" if s.get("held_aside") else sid
+        for mode, met in s["modes"].items():
+            cells = [f"{met[k]['mean']:.3f} ({met[k]['ci95'][0]:.3f}–{met[k]['ci95'][1]:.3f})"
+                     for k in ("ndcg10", "mrr10", "hit1", "hit10")]
+            lines.append(f"| {name} | {s['kind']} | {s['queries']} | {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def sections(data: dict[str, Any]) -> dict[str, str]:
     """``name -> Markdown`` of every generated section, from one run's ``results.json`` data."""
-    return {"run": _run(data), "quality": _quality(data), "performance": _performance(data)}
+    return {"run": _run(data), "quality": _quality(data), "sets": _sets(data), "performance": _performance(data)}
 
 
 def blocks(doc: str) -> dict[str, str]:

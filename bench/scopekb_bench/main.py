@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -56,6 +57,7 @@ from scopekb_bench import (
     query,
     reference,
     report,
+    sets,
     textsearch,
     webhook,
 )
@@ -67,7 +69,7 @@ from scopekb_bench.util import REPO, Metric, Results, log, machine_info, summary
 RESULTS_DIR = REPO / "bench" / "results"
 PUBLISH_DIR = REPO / "bench" / "report"
 DOC = REPO / "docs" / "benchmarks.md"
-ALL_PHASES = ("gitread", "keyword", "embedded", "model", "embedder")
+ALL_PHASES = ("gitread", "keyword", "embedded", "model", "embedder", "sets")
 
 
 class _Terminated(Exception):
@@ -460,6 +462,26 @@ def _model_stack(c: Ctx, st: Stack) -> None:
         _unchanged_resync(res, "local_model", "evaluation corpus", again, full)
 
 
+def _sets(c: Ctx) -> None:
+    """Quality on the history, tuning and held-aside sets (:mod:`scopekb_bench.sets`), in this process on the
+    distributed stores (names private to this run), with the local model in the full profile."""
+    from unittest import mock
+
+    from scopekb.runtime import build_runtime
+    from scopekb.settings import Settings
+
+    runtimes = {}
+    for model in (False, True) if c.profile.sets_model else (False,):
+        name = "sets-model" if model else "sets-kw"
+        env = stack_env(c.endpoints, c.run_id, name, c.workdir, "local" if model else "none", c.token)
+        # vectors of unchanged chunk texts are kept between runs (keyed by model and text, as in a sync)
+        env.update(SCOPEKB_EMBEDDING__CACHE="sqlite", SCOPEKB_EMBEDDING__CACHE_PATH=str(sets.EMBED_CACHE),
+                   SCOPEKB_PROFILE="distributed", SCOPEKB_LOG_LEVEL="WARNING")
+        with mock.patch.dict(os.environ, env, clear=True):
+            runtimes[model] = build_runtime(Settings(), name=f"bench-{name}")
+    c.res.series["quality_sets"] = sets.evaluate_sets(c.res, runtimes, c.workdir, c.profile.sets_sample)
+
+
 def _embedded(c: Ctx) -> None:
     assert c.large is not None
     subprocess.run(["git", "-C", str(c.large_bare), "update-ref", "refs/heads/main", c.large.releases[0]], check=True)
@@ -549,6 +571,11 @@ def _embedder(c: Ctx) -> None:
 
 def run(c: Ctx, phases: tuple[str, ...]) -> None:
     """All phases of one run; a failed phase is recorded and the next one still runs."""
+    if "sets" in phases:
+        with phase(c.res, "quality sets"):
+            _sets(c)
+    if set(phases) <= {"sets"}:
+        return
     with phase(c.res, "inputs"):
         _inputs(c)
     if c.large is None or c.ev is None:
@@ -615,6 +642,7 @@ EXPECTED = [
     *[f"quality.{m}.{k}" for m in ("keyword", "vector", "hybrid", "rrf")
       for k in ("ndcg10", "mrr10", "recall1", "recall10")],
     "quality.ann_recall_at_10", "quality.grouped.ndcg10", "quality.mcp_answer_tokens.p50",
+    *[f"sets.{qs.id}.keyword.ndcg10" for qs in sets.SETS],
 ]
 
 
@@ -683,6 +711,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only regenerate the tables of docs/benchmarks.md from bench/report/results.json")
     ap.add_argument("--phases", default=",".join(ALL_PHASES),
                     help=f"comma-separated subset of {', '.join(ALL_PHASES)} (for development)")
+    ap.add_argument("--sets-keyword-only", action="store_true",
+                    help="evaluate the quality sets keyword-only also in the full profile (no local model)")
     ap.add_argument("--no-start", action="store_true", help="fail instead of starting services that are down")
     ap.add_argument("--keep-workdir", action="store_true", help="keep the temporary folder (repositories, logs)")
     args = ap.parse_args(argv)
@@ -691,6 +721,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{DOC.relative_to(REPO)} {'updated' if changed else 'already up to date'}")
         return 0
     profile = QUICK if args.quick else FULL
+    if args.sets_keyword_only:
+        profile = dataclasses.replace(profile, sets_model=False)
     phases = tuple(p for p in args.phases.split(",") if p)
     unknown = set(phases) - set(ALL_PHASES)
     if unknown:
@@ -743,7 +775,11 @@ def main(argv: list[str] | None = None) -> int:
         latest.unlink()
     latest.symlink_to(out.name)
     report.print_summary(data)
-    if args.publish:
+    if args.publish and set(phases) <= {"sets"}:  # a quality-sets run updates only its part of the committed run
+        report.publish_sets(PUBLISH_DIR, data)
+        docs.update(DOC, PUBLISH_DIR / "results.json")
+        log(f"merged the quality sets into {PUBLISH_DIR.relative_to(REPO)} and regenerated {DOC.relative_to(REPO)}")
+    elif args.publish:
         report.publish(out, PUBLISH_DIR, data)
         docs.update(DOC, PUBLISH_DIR / "results.json")
         log(f"published to {PUBLISH_DIR.relative_to(REPO)} and regenerated the tables of {DOC.relative_to(REPO)}")

@@ -21,6 +21,8 @@ class Profile:
         webhook_n: requests per endpoint for webhook latency; embed_texts: texts for the embedder comparison;
         ann_queries: queries for ANN fidelity; embed_block: texts per encode call in the embedder comparison
             (sentence-transformers sorts a call's texts by length, so bigger calls pad less, as in a sync).
+        sets_sample: queries per set of the quality-sets phase (:mod:`scopekb_bench.sets`); sets_model: evaluate
+            them with the local model (all modes) rather than keyword-only.
     """
 
     name: str
@@ -33,6 +35,8 @@ class Profile:
     embed_texts: int
     ann_queries: int
     embed_block: int
+    sets_sample: int = 150
+    sets_model: bool = True
 
 
 REQUESTS = Project("requests", ("2.32.2", "2.32.3"), "src/requests")
@@ -45,4 +49,4 @@ FULL = Profile(name="full", large=("django", ("4.2.13", "4.2.14"), "django/"),
                query_tp_n=200, webhook_n=2000, embed_texts=256, ann_queries=200, embed_block=128)
 QUICK = Profile(name="quick", large=("click", ("8.0.4", "8.1.0"), "src/"), eval_projects=(REQUESTS, ITSDANGEROUS),
                 quality_pairs=60, query_n=30, query_tp_n=60, webhook_n=300, embed_texts=64, ann_queries=40,
-                embed_block=32)
+                embed_block=32, sets_sample=3, sets_model=False)

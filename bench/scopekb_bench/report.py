@@ -273,6 +273,19 @@ def print_summary(data: dict[str, Any]) -> None:
         console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
 
 
+def publish_sets(dest: Path, data: dict[str, Any]) -> None:
+    """Merge a ``--phases sets`` run into the committed ``dest/results.json``: its ``sets.*`` metrics, the
+    ``quality_sets`` series and its meta (as ``meta.sets_run``) replace those of the committed run; everything
+    else (the full run's figures) is kept as it was."""
+    path = dest / "results.json"
+    committed = json.loads(path.read_text(encoding="utf-8"))
+    committed["metrics"] = [m for m in committed["metrics"] if not m["id"].startswith("sets.")] + [
+        m for m in json.loads(json.dumps(data["metrics"], default=str)) if m["id"].startswith("sets.")]
+    committed.setdefault("series", {})["quality_sets"] = data["series"].get("quality_sets")
+    committed["meta"]["sets_run"] = json.loads(json.dumps(data["meta"], default=str))
+    path.write_text(json.dumps(committed, indent=1) + "\n")
+
+
 def publish(out: Path, dest: Path, data: dict[str, Any]) -> None:
     """Copy report.md and the plots to ``dest`` (replacing what was there), with results.json minus the raw
     per-request latencies and per-query scores (they stay in bench/results/)."""

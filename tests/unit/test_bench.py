@@ -33,10 +33,12 @@ def test_benchmarks_doc_tables_are_generated_from_the_committed_results() -> Non
 
 
 def test_every_run_the_doc_and_report_quote_is_the_committed_one() -> None:
-    run_id = json.loads(RESULTS.read_text())["meta"]["run_id"]
-    for path in (DOC, REPO / "bench" / "report" / "report.md"):
+    meta = json.loads(RESULTS.read_text())["meta"]
+    run_id = meta["run_id"]
+    sets_run = {meta["sets_run"]["run_id"]} if meta.get("sets_run") else set()  # a merged `--phases sets` run
+    for path, allowed in ((DOC, {run_id} | sets_run), (REPO / "bench" / "report" / "report.md", {run_id})):
         quoted = set(re.findall(r"[Rr]un `([0-9a-f]{10,})`", path.read_text()))
-        assert quoted == {run_id}, (path.name, quoted, run_id)
+        assert run_id in quoted and quoted <= allowed, (path.name, quoted, allowed)
 
 
 def test_committed_run_is_a_full_run_that_passes_its_checks() -> None:
@@ -131,3 +133,21 @@ def test_reference_is_zero_for_the_same_tree_and_counts_one_edited_function(repo
     ref = reference.new_embedding_inputs(repo, old, new, None)
     assert 1 <= ref["new_inputs"] <= 2, ref  # the edited function's chunk (and its neighbour if they share one)
     assert ref["inputs_new"] == ref["inputs_old"]
+
+
+def test_a_sets_run_replaces_only_the_sets_part_of_the_committed_run(tmp_path: Path) -> None:
+    from scopekb_bench import report
+
+    committed = {"meta": {"run_id": "full1", "profile": "full"},
+                 "metrics": [{"id": "query.keyword.p50", "value": 1},
+                             {"id": "sets.history.keyword.ndcg10", "value": 0.1}],
+                 "series": {"quality": {"n": 1}, "quality_sets": {"history": {}}}}
+    (tmp_path / "results.json").write_text(json.dumps(committed))
+    run = {"meta": {"run_id": "sets2", "profile": "full"},
+           "metrics": [{"id": "sets.history.keyword.ndcg10", "value": 0.4}, {"id": "query.keyword.p50", "value": 9}],
+           "series": {"quality_sets": {"history": {"queries": 5}}}}
+    report.publish_sets(tmp_path, run)
+    out = json.loads((tmp_path / "results.json").read_text())
+    assert out["meta"]["run_id"] == "full1" and out["meta"]["sets_run"]["run_id"] == "sets2"
+    assert {m["id"]: m["value"] for m in out["metrics"]} == {"query.keyword.p50": 1, "sets.history.keyword.ndcg10": 0.4}
+    assert out["series"] == {"quality": {"n": 1}, "quality_sets": {"history": {"queries": 5}}}
