@@ -35,6 +35,19 @@ _MAX_GROUPS, _MAX_PER_GROUP = 16, 8
 _OPAQUE = ("[:", "\\p", "\\P", "\\Q", "\\C", "\\z")
 
 
+#: Anchors that RE2 reads against the text searched (each line here): ``^`` and ``\A`` at the line start, ``$`` and
+#: ``\z`` at the line end, like ``git grep -E`` per line. Patterns with one skip the whole-chunk shortcut.
+_ANCHORED = re2.compile(r"[$^]|\\[Az]")
+#: An inline flag group that sets ``i`` (``(?i)``, ``(?si)``, ``(?i:...)``); matched on the raw text, so an escaped
+#: look-alike only makes the filter case-insensitive (wider, never wrong).
+_IGNORECASE_FLAG = re2.compile(r"\(\?[A-Za-z]*i")
+
+
+def ignores_case(pattern: str) -> bool:
+    """Whether any part of the RE2 ``pattern`` matches ignoring case (an inline ``i`` flag, global or scoped)."""
+    return _IGNORECASE_FLAG.search(pattern) is not None
+
+
 @dataclass(frozen=True)
 class LiteralQuery:
     """Candidate filter: content holding every literal of at least one group (OR of ANDs).
@@ -74,7 +87,9 @@ class LinePattern:
                 raise PatternRefused(f"regex of {len(query)} characters; at most {limits.max_length} are allowed "
                                      "(query.regex_max_length)")
             self._regex = _compile(query, case_sensitive, limits.max_mem)
-            self.literals = LiteralQuery(regex_literals(query, case_sensitive), case_sensitive)
+            # the candidate filter is never stricter than RE2: any (?i) / (?i:...) part makes it case-insensitive
+            sensitive = case_sensitive and not ignores_case(query)
+            self.literals = LiteralQuery(regex_literals(query, sensitive), sensitive)
         else:
             raise ValueError(f"not a line mode: {mode!r}")
 
@@ -95,11 +110,10 @@ class LinePattern:
                 i = content.find(q, max(nxt, i + 1))
             return out
         rx = self._regex
-        if rx.search(content) is None and "\n" not in self.query:
-            # no match in the whole text: none in any line either, except for patterns that match only at a line
-            # start or end (^, $), which search() on the whole text (one line for RE2) can miss
-            if not any(c in self.query for c in "^$") and "\\A" not in self.query:
-                return []
+        if rx.search(content) is None and "\n" not in self.query and not _ANCHORED.search(self.query):
+            # no match in the whole text: none in any line either, except for patterns with a text-boundary
+            # anchor (^ $ \A \z), which hold at each line's start/end but only once in the whole text
+            return []
         return [start_line + n for n, line in enumerate(content.split("\n")) if rx.search(line) is not None]
 
 
@@ -167,7 +181,7 @@ def regex_literals(pattern: str, case_sensitive: bool = True) -> tuple[tuple[str
         parsed = sre_parse.parse(pattern)
     except Exception:  # noqa: BLE001 - syntax Python does not know: no filter, RE2 still decides
         return ()
-    if parsed.state.flags & 2:  # re.IGNORECASE set inside the pattern: (?i)
+    if parsed.state.flags & 2 or ignores_case(pattern):  # (?i) anywhere, also scoped (?i:...)
         case_sensitive = False
     dnf = _seq(list(parsed), sre_parse)
     out = []

@@ -60,9 +60,15 @@ def _build_repo(dest: Path) -> None:
     for rel, lang in VENDORED.items():
         shutil.copytree(REAL / rel, dest / lang)
     (dest / "notes.md").write_text("---\ntitle: x\n---\n# Install\n\nRun the installer.\n\n# Usage\n\nCall it.\n")
+    (dest / "odd.txt").write_text(_ODD)
     git(dest, "init", "-q", "-b", "main")
     git(dest, "add", "-A")
     git(dest, "commit", "-q", "-m", "real sources")
+
+
+#: Lines with wildcard/escape metacharacters and mixed case (hostile-input review F1-F3), written here.
+_ODD = ("def helper():\nclass Evil:\n    return \"NUL\\x00\"\nglob a*b and q?r and [x] and \"dq\" and 'sq'\n"
+        "back\\slash and a trailing end\\\nwin\\*star \\? and **?? done\n")
 
 
 @pytest.fixture(scope="module", params=["embedded", "distributed"])
@@ -292,6 +298,32 @@ def test_metadata_filters_in_every_mode(indexed: dict[str, Any]) -> None:
     assert in_context and {h.path for h in in_context} == {"click/core.py"}
     assert all(d["path"] == "Context.invoke" for h in in_context for d in h.definitions)
     assert _search(indexed, query="invoke", mode=SearchMode.symbol, metadata={"parent": "Nope"}).hits == []
+
+
+def _re2_lines(ix: dict[str, Any], pattern: str) -> set[tuple[str, int]]:
+    """Oracle: RE2 itself on every line of every indexed file (no candidate filter, no whole-chunk shortcut)."""
+    import re2
+
+    rx = re2.compile(pattern)
+    return {(p, n) for p in ix["paths"] for n, line in enumerate(
+        (ix["repo"] / p).read_text(encoding="utf-8").split("\n"), 1) if rx.search(line) is not None}
+
+
+def test_metacharacters_inline_flags_and_anchors(indexed: dict[str, Any]) -> None:
+    """Literals with ``\\ * ? [ " '`` (wildcard metacharacters on OpenSearch) equal ``git grep -F``; regexes with
+    inline ``(?i)`` / ``(?i:...)`` flags and ``\\z`` / ``\\A`` anchors equal RE2 run on each line."""
+    repo, paths = indexed["repo"], indexed["paths"]
+    assert "odd.txt" in paths
+    for needle in ["\\x00", "L\\x00\"", "a*b", "q?r", "[x]", '"dq"', "'sq'", "back\\slash", "end\\", "k\\s",
+                   "\\*star", "\\?", "**??", "n\\*s"]:
+        want = _git_grep(repo, paths, "-F", pattern=needle)
+        got = _found(_search(indexed, query=needle, mode=SearchMode.exact))
+        assert got == want and want, (needle, sorted(want), sorted(got))
+    for pat in ["(?i)DEF HELPER", "(?i:EVIL)", "(?i)evil", "class (?i:EVIL)", "(?i)NUL.X00", "(?i:GLOB) a",
+                "helper\\(\\):\\z", "\\Adef helper", "end\\\\\\z", "^class Evil:\\z", "(?i)^CLASS evil:$"]:
+        want = _re2_lines(indexed, pat)
+        got = _found(_search(indexed, query=pat, mode=SearchMode.regex))
+        assert got == want and any(p == "odd.txt" for p, _ in want), (pat, sorted(want), sorted(got))
 
 
 def test_limits_and_refusals_over_rest(indexed: dict[str, Any]) -> None:

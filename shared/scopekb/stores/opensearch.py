@@ -142,8 +142,11 @@ def filter_clauses(flt: SearchFilter) -> list[dict[str, Any]]:
 
 
 def _wildcard_literal(text: str) -> str:
-    """``text`` as the inside of a wildcard pattern (``*``, ``?`` and ``\\`` escaped)."""
-    return "".join("\\" + c if c in "*?\\" else c for c in text)
+    """``text`` as the inside of a wildcard pattern: ``*`` and ``?`` escaped with ``\\``; a ``\\`` itself becomes ``?``
+    (any one character), because the ``wildcard`` field type (OpenSearch 2.19, measured) matches nothing for an
+    escaped backslash ``\\\\``. The pattern is then a little wider than the literal, never narrower: the candidates
+    stay a superset and line verification (:mod:`scopekb.textsearch`) decides."""
+    return "".join("\\" + c if c in "*?" else "?" if c == "\\" else c for c in text)
 
 
 #: Order of exact/regex/symbol candidates: path, chunk index, then the scope and content as tie-breaks.
