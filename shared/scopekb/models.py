@@ -70,6 +70,45 @@ class KeyCreate(BaseModel):
         return None if v is None else [Scope(agent_name="x", context_id=c).context_id for c in v]
 
 
+#: Names git gives to special refs, never a branch or tag to track (``git check-ref-format --branch`` refuses them).
+_SPECIAL_REFS = frozenset({"HEAD", "FETCH_HEAD", "ORIG_HEAD", "MERGE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD",
+                           "BISECT_HEAD", "AUTO_MERGE", "@"})
+
+
+def ref_name_problem(name: str, glob: bool) -> str | None:
+    """Why ``name`` (a branch/tag name, ``refs/heads/`` already removed) is not a ref name to track, or ``None``.
+
+    Rules of ``git check-ref-format`` (git-check-ref-format(1)): no ASCII control character, space, ``~ ^ : ? [ \\``,
+    ``..``, ``@{``, ``//``; no component starting with ``.`` or ending in ``.lock``; not starting with ``/`` or
+    ``-`` (an option to git) nor ending with ``/`` or ``.``. ``*`` only when ``glob`` (at most 8, a refs pattern).
+    Also refused: git's special refs (``HEAD``, ``FETCH_HEAD``, ``@`` …), which name no branch, and more than 256
+    characters. Returns a short phrase for the error message.
+    """
+    if not name:
+        return "empty"
+    if len(name) > 256:
+        return "more than 256 characters"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        return "control character"
+    bad = [c for c in " ~^:?[\\" if c in name] + ([] if glob else ["*"] if "*" in name else [])
+    if bad:
+        return f"character {bad[0]!r} not allowed"
+    if glob and name.count("*") > 8:
+        return "more than 8 '*'"
+    if name.startswith("-"):
+        return "starts with '-'"
+    for seq in ("..", "@{", "//"):
+        if seq in name:
+            return f"contains {seq!r}"
+    if name.startswith("/") or name.endswith("/") or name.endswith("."):
+        return "starts or ends with '/' or ends with '.'"
+    if any(part.startswith(".") or part.endswith(".lock") for part in name.split("/")):
+        return "a component starts with '.' or ends with '.lock'"
+    if name.removeprefix("refs/tags/") in _SPECIAL_REFS:
+        return f"{name!r} is a special ref, not a branch or tag"
+    return None
+
+
 class SourceCreate(Scope):
     """A git repository + ref, or an object-store prefix, bound to one scope (a request to register a source)."""
 
@@ -112,9 +151,9 @@ class SourceCreate(Scope):
         v = v.removeprefix("refs/heads/")
         if cls is not SourceCreate:  # a stored record loads as it was stored (never lose a source by a new rule)
             return v
-        if (not v or v.startswith("/") or ".." in v or any(c in v for c in " ~^:?*[\\")
-                or any(ord(c) < 0x20 or ord(c) == 0x7F for c in v)):
-            raise ValueError("ref must be a branch name such as 'main'")
+        problem = ref_name_problem(v, glob=False)
+        if problem:
+            raise ValueError(f"ref must be a branch name such as 'main' ({problem})")
         return v
 
     @field_validator("refs")
@@ -123,11 +162,10 @@ class SourceCreate(Scope):
         out: list[str] = []
         for pat in v:
             name = pat.removeprefix("refs/heads/")
-            if cls is SourceCreate and (
-                    not name or len(name) > 256 or name.startswith("/") or ".." in name
-                    or any(c in name for c in " ~^:?[\\") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
-                    or name.count("*") > 8):
-                raise ValueError("refs must be branch or tag names or globs such as 'main', 'release/*', 'v*'")
+            problem = ref_name_problem(name, glob=True) if cls is SourceCreate else None
+            if problem:
+                raise ValueError(f"refs must be branch or tag names or globs such as 'main', 'release/*', 'v*' "
+                                 f"({problem}: {pat[:80]!r})")
             if pat not in out:
                 out.append(pat)
         return out

@@ -242,8 +242,10 @@ def test_a_source_with_many_refs_over_the_api(api: dict[str, Any]) -> None:  # n
     assert r.status_code == 201, r.text
     src = r.json()
     assert src["refs"] == ["main", "feature/*", "v*"]
-    assert c.post("/v1/sources", json={"agent_name": "multi", "context_id": "c", "repo_url": str(repo),
-                                       "refs": ["a b"]}).status_code == 422
+    for bad in (["a b"], ["-x"], ["@{-1}"], ["HEAD"], ["main", "--upload-pack=x"]):  # hostile review F5
+        r = c.post("/v1/sources", json={"agent_name": "multi", "context_id": "c", "repo_url": str(repo),
+                                        "refs": bad})
+        assert r.status_code == 422 and "refs must be branch or tag names" in r.text, (bad, r.text)
     job = run_sync(rt.sync_deps(), "mr-" + uuid.uuid4().hex[:8], [src["id"]], trigger="cli")
     assert job.ref_commits == {"feature/x": feature, "main": main, "v1.0": main}
     rt.chunks.refresh()

@@ -97,5 +97,14 @@ def test_source_refs_follow_check_ref_format_and_stored_records_still_load() -> 
         with pytest.raises(pydantic.ValidationError):
             SourceCreate(**base, **bad)
     assert SourceCreate(**base, ref="refs/heads/feature/x", repo_name="owner/[repo]").ref == "feature/x"
+    # hostile review F5: option-like, reflog syntax and special refs name no branch (git check-ref-format)
+    for bad_ref in ("-x", "--upload-pack=x", "@{-1}", "main@{1}", "HEAD", "FETCH_HEAD", "@", "a//b", "x/", "x.",
+                    ".hidden", "b.lock", "refs/tags/HEAD"):
+        with pytest.raises(pydantic.ValidationError, match="check-ref|special ref|'-'|'@{'|'//'|'/'|'.lock'"):
+            SourceCreate(**base, refs=[bad_ref])
+        with pytest.raises(pydantic.ValidationError):
+            SourceCreate(**base, ref=bad_ref)
+    ok = SourceCreate(**base, refs=["main", "feature/*", "v*", "refs/tags/v1.*", "release/1.0", "HEADS-up"])
+    assert ok.refs == ["main", "feature/*", "v*", "refs/tags/v1.*", "release/1.0", "HEADS-up"]
     old = Source.model_validate({**base, "id": "src_1", "ref": "ma\x1bin", "repo_name": "x\ny"})
     assert old.ref == "ma\x1bin" and old.repo_name == "x\ny"
