@@ -45,7 +45,8 @@ DEF_KINDS = "def_kinds"
 
 #: Bumped whenever the mapping or analyzers change; part of the concrete index name behind the alias.
 #: 4: ``content.wc`` (wildcard), ``defs``/``def_names``/``def_paths``/``def_kinds``, ``metadata`` as ``flat_object``.
-MAPPING_VERSION = 4
+#: 5: vectors back in ``_source`` (4 left them out, and a membership update dropped them).
+MAPPING_VERSION = 5
 
 #: BM25 field boosts (the Turso seed weights name 5.0 and signature 3.0 over content).
 KEYWORD_FIELDS = [f"{SYMBOL}^5", f"{SIGNATURE}^3", CONTENT, f"{PATH_TEXT}^2"]
@@ -100,10 +101,11 @@ def chunk_mapping(dimension: int | None, model: str | None = None, encoder: str 
     """Return the chunk index mapping; ``dimension`` None means keyword-only (no ``embedding`` field).
 
     Vectors use the ``lucene`` engine (hnsw, cosinesimil): the k-NN plugin here has no native libraries and its
-    default engine would end the node (DESIGN §8). They are kept out of ``_source`` (``excludes``): the HNSW
-    graph and the vector values Lucene keeps are what search reads, and a JSON float array in ``_source`` tripled
-    the index (index bytes ÷ source bytes 27.5, issue #19). A reindex therefore takes vectors from the embedding
-    cache (:mod:`scopekb.reindex`), never from ``_source``. ``encoder`` ``sq``: Lucene's scalar quantization
+    default engine would end the node (DESIGN §8). Vectors stay in ``_source``: ref membership (issue #23) changes
+    chunks with partial updates and ``update_by_query``, which re-index each document from its ``_source``, so a
+    vector excluded from ``_source`` is silently dropped by the first membership change (measured on OpenSearch
+    2.19: the chunk no longer answers kNN). A reindex still takes vectors from the embedding cache
+    (:mod:`scopekb.reindex`), never from ``_source``. ``encoder`` ``sq``: Lucene's scalar quantization
     (int8 per dimension, OpenSearch ≥ 2.16) of the stored vectors the graph is built and searched on.
     ``_meta`` records ``model`` and ``encoder`` so a process configured for other vectors refuses the index.
     """
@@ -152,8 +154,6 @@ def chunk_mapping(dimension: int | None, model: str | None = None, encoder: str 
         "_meta": {"mapping_version": MAPPING_VERSION, "dimension": dimension, "model": model if dimension else None,
                   "encoder": encoder if dimension else None},
         "properties": props}
-    if dimension:
-        mapping["_source"] = {"excludes": [EMBEDDING]}
     return mapping
 
 

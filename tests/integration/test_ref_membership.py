@@ -66,3 +66,24 @@ def test_an_index_from_before_refs_is_given_them(backend: Backend) -> None:  # n
     store.refresh()
     assert store.chunk_refs([doc["_id"]]) == {doc["_id"]: ["dev"]}
     assert _paths(store, "dev") == {"old.py"} and _paths(store, "main") == set()
+
+
+def test_membership_changes_keep_the_vectors(backend: Backend) -> None:  # noqa: F811
+    """A chunk whose refs change (partial update, copy to a new ref, a ref taken away) still answers kNN with its
+    own vector: on OpenSearch every membership change re-indexes the document from ``_source``, so a vector kept
+    out of ``_source`` was dropped by the first one (mapping version 4)."""
+    store = backend.make("membership-vectors")
+    a = {**mkdoc("ragent", "c", "s1", "a.py", "refmarker alpha"), F.REFS: ["main"]}
+    b = {**mkdoc("ragent", "c", "s1", "b.py", "refmarker beta"), F.REFS: ["main"]}
+    assert not store.bulk_write([a, b], refresh=True).errors
+
+    def nearest(doc: dict[str, Any], ref: str) -> str | None:
+        hits = store.vector_search(doc[F.EMBEDDING], SearchFilter(scope=SC, ref=ref), 1)
+        return hits[0][2][F.PATH] if hits else None
+
+    assert not store.set_refs({a["_id"]: ["main", "dev"]}).errors
+    store.copy_ref("ragent", "c", "s1", "main", "release")
+    store.remove_ref("ragent", "c", "s1", "main", paths=["b.py"])
+    store.refresh()
+    assert nearest(a, "dev") == "a.py" and nearest(a, "main") == "a.py" and nearest(a, "release") == "a.py"
+    assert nearest(b, "release") == "b.py" and nearest(b, "main") != "b.py"

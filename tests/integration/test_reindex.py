@@ -106,11 +106,9 @@ def test_model_switch_reindex_with_zero_failed_searches(opensearch_url: str, s3_
                                                    context_id="c"), ScopeFilter("a", ("c",)), QuerySettings(),
                           embed=new_emb.embed_query)
         assert resp.hits[0].path == "storage/upload.py" and resp.notice is None
-        # Vectors are not in _source (issue #19): a plain read of every stored document has no embedding field ...
         docs = client.search(index=s.opensearch.alias, body={"size": 100, "query": {"match_all": {}}})["hits"]["hits"]
-        assert len(docs) == before and all("embedding" not in d["_source"] for d in docs)
-        assert all(d["_source"]["embedding_model"] == new_emb.model_id for d in docs)
-        # ... so reindexing again takes them from the embedding cache: the same model re-embeds nothing.
+        assert len(docs) == before and all(d["_source"]["embedding_model"] == new_emb.model_id for d in docs)
+        # Reindexing again takes vectors from the embedding cache: the same model re-embeds nothing.
         rep2 = reindex(new_store, new_emb, cache, s.chunking, deps.counter)
         assert rep2.embeddings_computed == 0 and rep2.embeddings_cached == before
     finally:
