@@ -678,9 +678,9 @@ def main() -> None:
     except (CliError, ScopekbError, FolderError) as e:
         _fail(str(e))
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(x) for x in first.get("loc", ()))
-        _fail(f"invalid {loc}: {first.get('msg')}")
+        from scopekb.render import validation_message
+
+        _fail(f"invalid {validation_message(e.errors(include_url=False), max_errors=1)}")
     except KeyboardInterrupt:
         err.print("interrupted", markup=False, highlight=False)
         sys.exit(130)

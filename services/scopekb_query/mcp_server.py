@@ -38,7 +38,7 @@ from scopekb.logging import configure_logging, get_logger
 from scopekb.models import MAX_ANSWER_TOKENS, MIN_ANSWER_TOKENS, ReadRequest, SearchRequest, Source
 from scopekb.reading import read_lines
 from scopekb.refs import CommitNotIndexed
-from scopekb.render import FENCE_CLOSE, FENCE_OPEN, fence_nonce, one_line
+from scopekb.render import FENCE_CLOSE, FENCE_OPEN, fence_nonce, one_line, validation_message
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.search import QueryEmbedder, best_mode, render_text, run_search
 from scopekb.settings import Settings, get_settings
@@ -171,8 +171,22 @@ def _fmt_time(value: Any) -> str:
 
 
 def _invalid(e: ValidationError) -> ToolError:
-    return ToolError("invalid arguments: " + "; ".join(
-        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()))
+    return ToolError("invalid arguments: " + validation_message(e.errors(include_url=False)))
+
+
+class _OneLineErrors(MCPServer):
+    """The MCP server, with a tool's argument validation errors (checked against its signature before the tool
+    runs) as one line like REST and like the tools' own checks (``Error executing tool read: invalid arguments:
+    start_line: Input should be ...``), instead of the SDK's
+    multi-line pydantic dump with documentation URLs."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as e:
+            if isinstance(e.__cause__, ValidationError):
+                raise ToolError(f"Error executing tool {name}: {_invalid(e.__cause__)}") from None
+            raise
 
 
 def build_mcp_server(rt: Runtime, key_of: KeyOf, embed: QueryEmbedder | None = None) -> MCPServer:
@@ -186,7 +200,7 @@ def build_mcp_server(rt: Runtime, key_of: KeyOf, embed: QueryEmbedder | None = N
     """
     if embed is None and getattr(rt, "embedder", None) is not None:
         embed = rt.embed_query
-    server: MCPServer = MCPServer("scopekb", instructions=INSTRUCTIONS, version="0.1.0", log_level="WARNING")
+    server: MCPServer = _OneLineErrors("scopekb", instructions=INSTRUCTIONS, version="0.1.0", log_level="WARNING")
     _add_search(server, rt, key_of, embed)
     _add_status(server, rt, key_of)
     _add_index(server, rt, key_of)

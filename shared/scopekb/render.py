@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import secrets
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from scopekb.models import HitReason, SearchHit, SearchResponse
 
@@ -333,3 +333,20 @@ def _pack(resp: SearchResponse, blocks: list[_Block], nonce: str, tail: list[str
     return _fit(lambda q: "\n\n".join(
         ([summary_line(resp, q)] if resp.scope is not None else []) + [_budget_line(max_tokens, counter, blocks)]),
         max_tokens, counter)
+
+
+def validation_message(errors: Iterable[Mapping[str, Any]], max_errors: int = 3) -> str:
+    """One line for pydantic validation errors (``ValidationError.errors()``): ``loc: msg`` joined by ``; ``.
+
+    A model-level check (empty ``loc``) gives just its message; pydantic's ``Value error, `` prefix and its
+    documentation URLs are left out; at most ``max_errors`` errors are named (then ``(+N more)``). Used by REST,
+    MCP and the CLI alike, so the same bad input reads the same everywhere.
+    """
+    parts = []
+    errs = list(errors)
+    for err in errs[:max_errors]:
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        parts.append(one_line(f"{loc}: {msg}" if loc else msg, 300))
+    more = f" (+{len(errs) - max_errors} more)" if len(errs) > max_errors else ""
+    return "; ".join(parts) + more

@@ -114,6 +114,8 @@ def test_read_refuses_what_the_scope_never_indexed(api: dict[str, Any]) -> None:
                       ({"format": "xml"}, "format")):
         r = c.get("/v1/read", params={**ok, **bad}, headers=mine)
         assert r.status_code == 422 and word in r.text, (bad, r.status_code, r.text)
+    inverted = c.get("/v1/read", params={**ok, "start_line": 3, "end_line": 2}, headers=mine).json()["detail"]
+    assert inverted == "end_line must not be before start_line", inverted  # F9: no empty field name
     assert c.get("/v1/read", params={**ok, "context_id": "other"}, headers=mine).status_code == 403
     assert c.get("/v1/read", params=ok).status_code == 403  # the admin token reads nothing
     assert c.get("/v1/read", params=ok, headers={"Authorization": "Bearer nope"}).status_code == 401
@@ -147,6 +149,18 @@ def test_mcp_read_tool_fences_the_exact_lines(api: dict[str, Any]) -> None:  # n
         raise AssertionError("an unknown blob must be a tool error")
     except ToolError as e:
         assert "not found" in str(e)
+    # Arguments the tool's signature refuses (hostile review F7): one line naming the field, like REST.
+    for tool, args, word in (("read", {"path": "nofinal.md", "blob_sha": sha, "start_line": -1}, "start_line"),
+                             ("read", {"path": "nofinal.md", "blob_sha": sha, "start_line": 3, "end_line": 2},
+                              "end_line must not be before start_line"),
+                             ("search", {"query": "x", "metadata": {"a": {"b": [1]}}}, "metadata")):
+        try:
+            anyio.run(call, args, tool)
+            raise AssertionError(f"{args} must be a tool error")
+        except ToolError as e:
+            msg = str(e)
+            assert "invalid arguments: " in msg and word in msg, msg
+            assert "\n" not in msg and "pydantic.dev" not in msg and "Value error" not in msg, msg
     assert c.get("/healthz").status_code == 200
 
 
@@ -170,6 +184,9 @@ def test_cli_read_writes_the_exact_bytes(tmp_path: Path) -> None:
     assert out.returncode == 0 and out.stdout == b"def readmarker_crlf():\r\n    return 1\r\n", out.stderr
     assert_one_line_error(run(["read", "crlf.py", "0" * 40], env, tmp_path), "not found")
     assert_one_line_error(run(["read", "crlf.py", "zz"], env, tmp_path), "blob_sha")
+    inverted = run(["read", "crlf.py", sha, "--start", "2", "--end", "1"], env, tmp_path)
+    assert_one_line_error(inverted, "end_line must not be before start_line")
+    assert "invalid :" not in inverted.stderr and "Value error" not in inverted.stderr, inverted.stderr
 
 
 def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -> None:  # noqa: F811

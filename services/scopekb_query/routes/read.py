@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from scopekb.auth import resolve_scope
 from scopekb.models import ReadRequest, ReadResult
 from scopekb.reading import read_lines, result_bytes
+from scopekb.render import validation_message
 from scopekb_query.deps import CallerDep, Rt
 
 router = APIRouter(tags=["read"])
@@ -36,8 +37,7 @@ def read(c: CallerDep, rt: Rt,
         req = ReadRequest(path=path, blob_sha=blob_sha, start_line=start_line, end_line=end_line, repo=repo,
                           context_id=context_id, cross_context=cross_context)
     except ValidationError as e:
-        raise HTTPException(422, "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
-                                           for err in e.errors(include_url=False))) from None
+        raise HTTPException(422, validation_message(e.errors(include_url=False))) from None
     scope = resolve_scope(c.key, req.context_id, req.cross_context)  # Refused (401/403/400) -> its status
     res = read_lines(rt.chunks, rt.blobs, scope, req)  # NotFound 404, Refused 422
     if format == "raw":
