@@ -87,3 +87,21 @@ def test_membership_changes_keep_the_vectors(backend: Backend) -> None:  # noqa:
     store.refresh()
     assert nearest(a, "dev") == "a.py" and nearest(a, "main") == "a.py" and nearest(a, "release") == "a.py"
     assert nearest(b, "release") == "b.py" and nearest(b, "main") != "b.py"
+
+
+def test_a_membership_change_over_many_scroll_batches(backend: Backend) -> None:  # noqa: F811
+    """A by-query membership change that reads its chunks in more than 100 scroll batches completes: OpenSearch
+    2.19 answers a blocking by-query request with one ``TASK_RESOURCE_USAGE`` header per batch and Python's HTTP
+    client refused more than 100 of them (django's 130,000-chunk branch copy failed so); the store now waits on
+    the task instead. Batches are made small here (2 chunks) so 300 chunks take 150 batches."""
+    store = backend.make("membership-batches", dimension=None, model=None)
+    if backend.name == "opensearch":
+        store.by_query_batch = 2  # type: ignore[attr-defined]
+    docs = [{**mkdoc("ragent", "c", "s1", f"f{i}.py", f"refmarker n{i}", vector=False), F.REFS: ["main"]}
+            for i in range(300)]
+    assert not store.bulk_write(docs, refresh=True).errors
+    assert store.copy_ref("ragent", "c", "s1", "main", "dev") == 300
+    store.refresh()
+    assert store.remove_ref("ragent", "c", "s1", "main") == (300, 0)
+    store.refresh()
+    assert store.count() == 300 and len(_paths(store, "dev")) == 50 and not _paths(store, "main")

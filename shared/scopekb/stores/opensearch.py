@@ -248,6 +248,8 @@ class OpenSearchChunkStore:
     """
 
     kind = "opensearch"
+    #: Documents a by-query task reads per scroll batch (OpenSearch's default, 1000).
+    by_query_batch = 1000
 
     def __init__(self, client: OpenSearch, alias: str = "scopekb-chunks", dimension: int | None = None,
                  model: str | None = None, shards: int = 1, replicas: int = 0,
@@ -318,10 +320,10 @@ class OpenSearchChunkStore:
         if F.REFS in props:
             return
         self.client.indices.put_mapping(index=index, body={"properties": {F.REFS: {"type": "keyword"}}})
-        res = self.client.update_by_query(index=index, body={
+        res = self._run_by_query_task("update_by_query", index, {
             "query": {"bool": {"must_not": [{"exists": {"field": F.REFS}}]}},
             "script": {"lang": "painless", "source": f"ctx._source.{F.REFS} = [ctx._source.{F.REF}]"}},
-            conflicts="proceed", refresh=True, params={"slices": "auto", "request_timeout": 600})
+            refresh=True)
         log.info("chunk_refs_migrated", index=index, updated=res.get("updated"))
 
     def _check_data_nodes(self, replicas: int) -> int:
@@ -602,14 +604,10 @@ class OpenSearchChunkStore:
 
     def _by_query(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
         """Run ``delete_by_query``/``update_by_query`` on the alias (conflicts proceed), retrying 429/503 with
-        jittered backoff up to 5 times; ``{}`` when the index does not exist. The client waits up to 15 minutes:
-        a new ref's membership copy rewrites every chunk of the ref it copies (the 30 s default timed out on
-        django's 40,000 chunks and the client's retry ran it again)."""
+        jittered backoff up to 5 times; ``{}`` when the index does not exist. See :meth:`_run_by_query_task`."""
         for attempt in range(6):
             try:
-                return dict(getattr(self.client, op)(index=self.alias, body=body, conflicts="proceed",
-                                                     refresh=False,
-                                                     params={"slices": "auto", "request_timeout": 900}))
+                return self._run_by_query_task(op, self.alias, body)
             except NotFoundError:
                 return {}
             except TransportError as e:
@@ -618,6 +616,40 @@ class OpenSearchChunkStore:
                     continue
                 raise
         return {}
+
+    def _run_by_query_task(self, op: str, index: str, body: dict[str, Any], refresh: bool = False,
+                           timeout_s: float = 900.0) -> dict[str, Any]:
+        """Start ``op`` (``update_by_query``/``delete_by_query``) as a background task and wait for its result
+        through the tasks API; returns the task's response (``updated``, ``deleted``, ``failures`` ...).
+
+        Not one blocking request: OpenSearch 2.19 adds a ``TASK_RESOURCE_USAGE`` response header for every scroll
+        batch of a by-query request, and Python's ``http.client`` refuses a response with more than 100 headers
+        (``got more than 100 headers``: measured on 130,000 chunks, i.e. django's membership copy), after which
+        the client's retry would run the whole operation again. A long operation also needs no 15-minute HTTP
+        request. Raises :class:`opensearchpy.TransportError` when the task fails (its ``error``), or with status
+        504 when it has not finished within ``timeout_s`` seconds (the task keeps running on the cluster)."""
+        started = getattr(self.client, op)(index=index, body=body, conflicts="proceed", refresh=refresh,
+                                           params={"slices": "auto", "wait_for_completion": "false",
+                                                   "scroll_size": self.by_query_batch, "request_timeout": 60})
+        task_id = started["task"]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                res = self.client.tasks.get(task_id=task_id, params={
+                    "wait_for_completion": "true", "timeout": "20s", "request_timeout": 60})
+            except TransportError as e:
+                if e.status_code != 408:  # 408: not finished within the wait's timeout
+                    raise
+                res = {"completed": False}
+            if res.get("completed"):
+                break
+            if time.monotonic() > deadline:
+                raise TransportError(504, "by_query_timeout",
+                                     f"{op} task {task_id} did not finish within {timeout_s:.0f} s")
+        if res.get("error"):
+            err = res["error"]
+            raise TransportError(500, str(err.get("type", "by_query_failed")), err)
+        return dict(res.get("response") or {})
 
     def _delete_by_query(self, query: dict[str, Any]) -> int:
         return int(self._by_query("delete_by_query", {"query": query}).get("deleted", 0))
