@@ -419,6 +419,10 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
                 holding.append(src)
         finally:
             mirror.close()
+    # a source with an indexed tracked ref first (the pin diffs from it and belongs with it), never one that tracks
+    # nothing indexed when another holds the commit (hostile review F4); stable: registration order otherwise
+    holding.sort(key=lambda s: not any(st.get("commit") and not st.get("pinned")
+                                       for st in ref_states(rt.records, s).values()))
     chosen = holding[:1] or unknown
     if not chosen:
         raise NotFound(f"commit {commit} is not in the repository of any source of this scope")

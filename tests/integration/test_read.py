@@ -204,9 +204,18 @@ def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -
     # the head of this repository asked of another repository name: 404
     r = c.post("/v1/search", json={"query": "readmarker_crlf", "ref": head, "repo": "acme/other"}, headers=mine)
     assert r.status_code == 404
+    # A source of the same repository that tracks nothing indexed, registered first (hostile review F4): a pin
+    # never goes to it while a source with an indexed ref holds the commit (sources list newest first).
+    empty = c.post("/v1/sources", json={"agent_name": "reader", "context_id": "c", "repo_url": str(repo),
+                                        "refs": ["nothing-here/*"], "repo_name": "acme/read"}).json()
+    run_sync(api["rt"].sync_deps(), "empty-" + uuid.uuid4().hex[:6], [empty["id"]], trigger="cli")
+    api["rt"].records.put("sources", empty["id"], {**api["rt"].records.get("sources", empty["id"]),
+                                                   "created_at": "2999-01-01T00:00:00+00:00"})  # newest: listed first
+    assert api["rt"].records.list_sources(agent_name="reader")[0].id == empty["id"]
     # any other commit is pinned on demand: 202 with the job, then searchable at that commit until its TTL
     pin = c.post("/v1/search", json={"query": "profiles_marker_function", "ref": parent}, headers=mine)
     assert pin.status_code == 202 and pin.json()["status"] == "pinning" and pin.json()["ref"] == parent, pin.text
+    assert pin.json()["source_id"] != empty["id"], pin.json()
     again = c.post("/v1/search", json={"query": "profiles_marker_function", "ref": parent}, headers=mine)
     assert again.status_code == 202 and again.json()["job_id"] == pin.json()["job_id"]
     src_id = pin.json()["source_id"]
