@@ -24,7 +24,7 @@ from scopekb.models import (
     SearchScope,
 )
 from scopekb.patterns import PatternRefused, compile_globs
-from scopekb.refs import RefIndex
+from scopekb.refs import RefIndex, ref_states
 from scopekb.render import render_text
 from scopekb.settings import QuerySettings
 from scopekb.stores.base import (
@@ -55,6 +55,16 @@ def best_mode(store: ChunkStore, embed: QueryEmbedder | None) -> SearchMode:
     """The best mode this index supports: ``hybrid`` when the index holds vectors and a query embedder is
     configured, else ``keyword`` (the default of the MCP ``search`` tool and the CLI)."""
     return SearchMode.hybrid if embed is not None and store.dimension else SearchMode.keyword
+
+
+def _pinned_refs(records: Any, scope: ScopeFilter) -> tuple[str, ...]:
+    """The temporary pinned refs (commit ids) of the scope's sources, sorted: a search without ``ref`` leaves out
+    chunks that only they hold."""
+    out: set[str] = set()
+    for src in records.list_sources(agent_name=scope.agent_name):
+        if scope.context_ids is None or src.context_id in scope.context_ids:
+            out.update(n for n, st in ref_states(records, src).items() if st.get("pinned"))
+    return tuple(sorted(out))
 
 
 def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: QuerySettings,
@@ -96,7 +106,8 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     ref = refs.resolve(req.ref) if refs is not None and req.ref else req.ref
     meta = tuple((k, tuple(dict.fromkeys(F.metadata_text(x) for x in (v if isinstance(v, list) else [v]))))
                  for k, v in sorted(req.metadata.items()))
-    flt = SearchFilter(scope=scope, source_id=req.source_id, repo=req.repo, ref=ref,
+    pinned = _pinned_refs(records, scope) if not ref and records is not None else ()
+    flt = SearchFilter(scope=scope, source_id=req.source_id, repo=req.repo, ref=ref, pinned=pinned,
                        languages=tuple(req.languages), file_patterns=tuple(req.file_patterns), metadata=meta)
     grouped = req.group_by == "file"
     fetch = max(size * cfg.candidate_factor, size) if grouped else size  # files need several chunks each

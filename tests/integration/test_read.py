@@ -226,6 +226,10 @@ def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -
                headers=mine)
     assert r.status_code == 200, r.text
     assert [(h["path"], h["ref"], h["commit"]) for h in r.json()["hits"]] == [("lib.py", parent, parent)]
+    # read of a blob that the tracked ref holds too names that ref and its commit, not the pin (review F4)
+    blob = git(repo, "rev-parse", "HEAD:lib.py").strip()
+    read = c.get("/v1/read", params={"path": "lib.py", "blob_sha": blob}, headers=mine)
+    assert read.status_code == 200 and (read.json()["ref"], read.json()["commit"]) == ("main", head), read.text
     other = c.post("/v1/search", json={"query": "x", "ref": git(repo, "rev-parse", "HEAD~1^{tree}").strip()},
                    headers=mine)
     assert other.status_code == 404  # a tree id is no commit of the repository
@@ -249,6 +253,20 @@ def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -
     assert parent not in ref_states(api["rt"].records, src)
     r = c.post("/v1/search", json={"query": "profiles_marker_function", "ref": parent}, headers=mine)
     assert r.status_code == 202  # pinned again on demand
+    # A pinned commit's own chunks (side.py exists only at `side`) are searched with that ref, never without one.
+    api["rt"].settings.git.max_pins_per_source = 8
+    pin = c.post("/v1/search", json={"query": "x", "ref": side}, headers=mine)
+    assert pin.status_code == 202 and pin.json()["source_id"] == src_id, pin.text
+    run_sync(api["rt"].sync_deps(), pin.json()["job_id"], [src_id], trigger="pin")
+    api["rt"].chunks.refresh()
+
+    def side_hits(**kw: Any) -> list[str]:
+        r = c.post("/v1/search", json={"query": "x = 1", "mode": "exact", **kw}, headers=mine)
+        assert r.status_code == 200, r.text
+        return sorted(h["path"] for h in r.json()["hits"])
+
+    assert side_hits(ref=side) == ["side.py"]
+    assert "side.py" not in side_hits() and "side.py" not in side_hits(cross_context=True)
 
 
 def test_a_source_with_many_refs_over_the_api(api: dict[str, Any]) -> None:  # noqa: F811

@@ -56,6 +56,9 @@ class SearchFilter:
     #: ``(key, values)`` pairs: the chunk's metadata at ``key`` (nested keys joined by ``.``) equals one of
     #: ``values`` (as text, :func:`scopekb.models.metadata_text`); every pair must match.
     metadata: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: Temporary pinned refs (full commit ids, :func:`scopekb.ops.pin_commit`): without ``ref``, a chunk whose refs
+    #: are only pins is left out, so a search with no ``ref`` covers the tracked branches and tags alone.
+    pinned: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

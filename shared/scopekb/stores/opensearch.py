@@ -129,6 +129,9 @@ def filter_clauses(flt: SearchFilter) -> list[dict[str, Any]]:
         out.append({"term": {F.REPO: flt.repo}})
     if flt.ref:
         out.append(ref_clause(flt.ref.removeprefix("refs/heads/")))
+    elif flt.pinned:  # leave out chunks of pins only: a member of a pin and of no ref named otherwise than a commit id
+        out.append({"bool": {"must_not": [{"bool": {"filter": [{"terms": {F.REFS: list(flt.pinned)}}], "must_not": [
+            {"regexp": {F.REFS: {"value": "~([0-9a-f]{40})", "flags": "COMPLEMENT"}}}]}}]}})
     if flt.languages:
         out.append({"terms": {F.LANGUAGE: list(flt.languages)}})
     if flt.file_patterns:

@@ -925,6 +925,11 @@ def _filter_sql(flt: SearchFilter) -> tuple[str, list[Any]]:
     if flt.ref:
         where.append("c.rowid IN (SELECT chunk FROM chunk_refs WHERE ref = ?)")
         args.append(flt.ref.removeprefix("refs/heads/"))
+    elif flt.pinned:  # leave out chunks whose refs are only pins
+        marks = ",".join("?" * len(flt.pinned))
+        where.append(f"(c.rowid NOT IN (SELECT chunk FROM chunk_refs WHERE ref IN ({marks})) OR c.rowid IN "
+                     f"(SELECT chunk FROM chunk_refs WHERE ref NOT IN ({marks})))")
+        args.extend([*flt.pinned, *flt.pinned])
     if flt.languages:
         where.append(f"c.language IN ({','.join('?' * len(flt.languages))})")
         args.extend(flt.languages)
