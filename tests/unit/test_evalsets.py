@@ -154,6 +154,9 @@ class _Records:
     def get(self, kind: str, rec_id: str) -> dict | None:
         return self.docs.get((kind, rec_id))
 
+    def list_sources(self, **_terms: object) -> list:
+        return []  # no sources: no pinned refs
+
 
 class _Store:
     """A fake chunk store (pure ranking logic): keyword ranks the target first, vector last."""
