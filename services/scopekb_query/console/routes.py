@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from scopekb.auth import ApiKey, AuthError, resolve_scope, tokens_equal
 from scopekb.logging import get_logger
 from scopekb.models import Job, SearchRequest, Source, SourceCreate
+from scopekb.render import why_line
 from scopekb.runtime import Runtime
 from scopekb.search import SearchUnavailable, run_search
 from scopekb.status import source_status
@@ -85,6 +86,8 @@ class Console:
         self.admin_token = admin.get_secret_value() if admin is not None else None
         self.codec = SessionCodec(self.admin_token)
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
+        # a hit's reasons as the text answer words them (a HitReason is no JSON for ``tojson``; autoescaped)
+        self.templates.env.filters["why_line"] = why_line
 
     # ---- plumbing ----------------------------------------------------------------------------------------
 

@@ -53,6 +53,9 @@ def test_embedded_console_indexes_searches_and_reports_health(chrome: Any, embed
     driver.get(embedded.url + "/console/search?q=embedded_console_marker&agent=solo")
     hits = driver.find_elements(By.CSS_SELECTOR, ".hit .path")
     assert [h.text for h in hits] == ["pkg/solo.py:1–2"]
+    # each hit says why it was chosen, in the text answer's words (a HitReason broke the page before)
+    why = [w.text for w in driver.find_elements(By.CSS_SELECTOR, ".hit .why")]
+    assert len(why) == 1 and why[0].startswith("why: keyword #1") and "embedded_console_marker" in why[0], why
     shot(driver, "e2-embedded-search")
     driver.get(embedded.url + "/console/health")
     items = {li.find_element(By.TAG_NAME, "strong").text: li.text
