@@ -139,7 +139,7 @@ def worker(concurrency: int = 2, loglevel: str = "INFO") -> None:
 def mcp(key: Annotated[str | None, typer.Option(envvar="SCOPEKB_MCP_KEY",
                                               help="agent key (or SCOPEKB_MCP_KEY, which keeps it out of ps)")]
         = None) -> None:
-    """Serve the MCP tools (search, status, index) over stdio for a local agent, scoped by an agent key."""
+    """Serve the MCP tools (search, read, status, index) over stdio for a local agent, scoped by an agent key."""
     from scopekb.auth import Unauthenticated
     from scopekb_query.mcp_server import run_stdio
 
