@@ -50,7 +50,7 @@ from scopekb.documents import (
 from scopekb.embedding import Embedder, EmbeddingCache, embed_with_cache
 from scopekb.embedding.limits import backoff_delay
 from scopekb.errors import Refused, Transient
-from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry
+from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry, is_sha
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobState, Source, utcnow
 from scopekb.patterns import GITATTRIBUTES_LIMITS, usable_globs
@@ -407,6 +407,8 @@ def _add_pins(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source],
 
 def _tracked_refs(reader: Mirror, sources: list[Source]) -> dict[str, dict[str, str]]:
     """source id -> {ref name: commit} of the refs each source tracks now (:func:`scopekb.refs.match_refs`).
+    A source tracking one ``ref`` that is a full commit id (no branch or tag of that name) tracks that commit
+    (``scopekb eval`` indexes parent commits so).
 
     Raises:
         SyncError: a source tracking one ``ref`` only (no ``refs`` patterns) whose branch does not exist.
@@ -416,7 +418,10 @@ def _tracked_refs(reader: Mirror, sources: list[Source]) -> dict[str, dict[str, 
     for src in sources:
         out[src.id] = match_refs(src.ref_patterns, listed, limit=MAX_REFS)
         if not src.refs and not out[src.id]:
-            raise SyncError(f"ref {src.ref!r} not found in {src.repo_url}")
+            commit = reader.resolve(src.ref) if is_sha(src.ref) else None
+            if commit is None:
+                raise SyncError(f"ref {src.ref!r} not found in {src.repo_url}")
+            out[src.id] = {src.ref: commit}
     return out
 
 
