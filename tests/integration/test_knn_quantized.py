@@ -1,5 +1,5 @@
 """Issue #19: Lucene scalar quantization (``opensearch.knn_encoder = "sq"``) keeps ANN recall@10 >= 0.95 against
-exact cosine search, on a real OpenSearch, and vectors stay in ``_source`` for both encoders (membership updates need them). The ANN side is
+exact cosine search, on a real OpenSearch, and vectors stay in ``_source`` for both encoders. The ANN side is
 the store's own ``vector_search`` (scope filter inside the ``knn`` clause, ``ef_search`` 100; with ``sq`` 40
 candidates rescored exactly). Without the rescoring, ``sq`` gave 0.89-0.96 on such vectors."""
 
