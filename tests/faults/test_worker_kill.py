@@ -46,7 +46,8 @@ def test_sigkill_worker_mid_bulk_then_new_worker_completes(make_stack, tmp_path,
            chunks_recorded_by_job_before_kill=recorded,
            job_state_after_kill=(stack.job(job_id) or {}).get("state"), repo_lock_ttls_left=lock_ttls,
            sync_state_after_kill=state)
-    assert state.get("writing") == commit and state.get("commit") is None
+    ref_at_kill = (state.get("refs") or {}).get("main", {})  # the sync state is per ref (issue 23)
+    assert ref_at_kill.get("writing") == commit and ref_at_kill.get("commit") is None
 
     worker_b = stack.start_worker("worker-b")
     expected, fresh_job = stack.fresh(repo)  # meanwhile the message waits out the visibility timeout
@@ -68,4 +69,5 @@ def test_sigkill_worker_mid_bulk_then_new_worker_completes(make_stack, tmp_path,
     assert comparison.duplicates == 0
     assert comparison.equal, comparison.summary()
     final = stack.state(src)
-    assert final.get("commit") == commit and "writing" not in final
+    final_ref = (final.get("refs") or {}).get("main", {})
+    assert final_ref.get("commit") == commit and "writing" not in final_ref
