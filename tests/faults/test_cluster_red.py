@@ -27,6 +27,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import httpx
+import pytest
 
 from .harness import generate_repo, wait_until
 
@@ -37,6 +38,7 @@ RED_S = 75
 TIME_LIMIT_S = 60
 
 
+@pytest.mark.known_failing  # issue 24: failed after the red phase in a clean-clone CI run on main (2026-11-30)
 def test_cluster_red_gives_503_with_reason_and_syncs_wait(make_cluster_stack, private_cluster, tmp_path,
                                                           report) -> None:
     stack = make_cluster_stack("red", SCOPEKB_OPENSEARCH__SHARDS="3", SCOPEKB_OPENSEARCH__REPLICAS="1",
