@@ -91,6 +91,19 @@ class BulkReport:
 UNANSWERED_PROBLEMS = ("unreachable", "health check failed")
 
 
+def newest_blob_per_path(rows: Iterable[tuple[str, str, Any]]) -> dict[str, str]:
+    """path -> blob id of the path's most recent write, from ``(path, blob id, write time)`` rows (any comparable
+    time); ``""`` when two blob ids share the latest time (the path is then treated as changed; issue 20)."""
+    latest: dict[str, tuple[Any, str]] = {}
+    for path, sha, t in rows:
+        prev = latest.get(path)
+        if prev is None or t > prev[0]:
+            latest[path] = (t, sha)
+        elif t == prev[0] and sha != prev[1]:
+            latest[path] = (t, "")
+    return {p: sha for p, (_, sha) in latest.items()}
+
+
 def answered_problem(problem: str | None) -> str | None:
     """``problem`` when the backend answered and said why it cannot serve, None otherwise (also for an outage)."""
     return None if problem is None or problem.startswith(UNANSWERED_PROBLEMS) else problem

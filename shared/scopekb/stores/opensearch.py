@@ -30,6 +30,7 @@ from scopekb.stores.base import (
     StoreVersionMismatch,
     SymbolQuery,
     answered_problem,
+    newest_blob_per_path,
 )
 from scopekb.textsearch import LiteralQuery
 
@@ -680,16 +681,9 @@ class OpenSearchChunkStore:
         """
         flt: list[dict[str, Any]] = [{"term": {F.SOURCE_ID: source_id}}, {"term": {F.AGENT_NAME: agent_name}},
                                      {"term": {F.CONTEXT_ID: context_id}}, *([ref_clause(ref)] if ref else [])]
-        latest: dict[str, tuple[float, str]] = {}
-        for b in self._composite(flt, [F.PATH, F.BLOB_SHA], sub={"t": {"max": {"field": F.INDEXED_AT}}}):
-            t = float(b.get("t") or 0.0)
-            path, sha = b[F.PATH], b[F.BLOB_SHA]
-            prev = latest.get(path)
-            if prev is None or t > prev[0]:
-                latest[path] = (t, sha)
-            elif t == prev[0] and sha != prev[1]:
-                latest[path] = (t, "")
-        return {p: sha for p, (_, sha) in latest.items()}
+        return newest_blob_per_path(
+            (b[F.PATH], b[F.BLOB_SHA], float(b.get("t") or 0.0))
+            for b in self._composite(flt, [F.PATH, F.BLOB_SHA], sub={"t": {"max": {"field": F.INDEXED_AT}}}))
 
     def chunk_versions(self, agent_name: str, context_id: str, source_id: str, paths: Sequence[str],
                        ref: str | None = None) -> dict[str, dict[str, tuple[str, str]]]:

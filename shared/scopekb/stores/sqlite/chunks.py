@@ -26,6 +26,7 @@ from scopekb.stores.base import (
     SearchFilter,
     StoreVersionMismatch,
     SymbolQuery,
+    newest_blob_per_path,
 )
 from scopekb.stores.sqlite.db import Connections, table_exists
 from scopekb.stores.sqlite.text import fts_text, query_tokens
@@ -652,15 +653,7 @@ class SqliteChunkStore:
                 " WHERE c.source_id = ? AND c.agent_name = ? AND c.context_id = ?"
                 + (" AND c.rowid IN (SELECT chunk FROM chunk_refs WHERE ref = ?)" if ref else "") + " GROUP BY 1, 2",
                 (source_id, agent_name, context_id, *([ref] if ref else []))).fetchall()
-        latest: dict[str, tuple[str, str]] = {}
-        for path, sha, t in rows:
-            t, sha = t or "", sha or ""
-            prev = latest.get(path)
-            if prev is None or t > prev[0]:
-                latest[path] = (t, sha)
-            elif t == prev[0] and sha != prev[1]:
-                latest[path] = (t, "")
-        return {p: sha for p, (_, sha) in latest.items()}
+        return newest_blob_per_path((path, sha or "", t or "") for path, sha, t in rows)
 
     def chunk_versions(self, agent_name: str, context_id: str, source_id: str, paths: Sequence[str],
                        ref: str | None = None) -> dict[str, dict[str, tuple[str, str]]]:
