@@ -70,7 +70,9 @@ def _rt() -> Runtime:
     # The clients log each failed request with its traceback; the CLI reports the failure itself, in one line.
     for name in ("opensearch", "urllib3", "elastic_transport"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    return build_runtime(s, name="scopekb-cli")
+    # With an embedding queue the local model loads on first use (issue 19): `scopekb worker` checks the index in
+    # its parent process, whose forks must not carry torch when they only sync.
+    return build_runtime(s, name="scopekb-cli", lazy_embedder=bool(s.worker.embed_queue))
 
 
 @app.command()
@@ -125,14 +127,22 @@ def up(host: str = "127.0.0.1", port: int = 8000) -> None:
 
 
 @app.command()
-def worker(concurrency: int = 2, loglevel: str = "INFO") -> None:
-    """Run a Celery worker for sync tasks."""
+def worker(concurrency: int = 2, loglevel: str = "INFO",
+           queues: Annotated[str | None, typer.Option(
+               help="comma-separated Celery queues to consume (default: worker.queue, plus worker.embed_queue "
+                    "when set); e.g. only the embedding queue for an embedding worker")] = None) -> None:
+    """Run a Celery worker for sync tasks (and, with worker.embed_queue, embedding tasks)."""
     from scopekb_worker.app import app as celery_app
 
+    w = get_settings().worker
+    names = [q.strip() for q in (queues or ",".join(q for q in (w.queue, w.embed_queue) if q)).split(",")
+             if q.strip()]
+    if not names or any(q not in (w.queue, w.embed_queue) for q in names):
+        raise CliError(f"--queues must name worker.queue ({w.queue!r}) or worker.embed_queue "
+                       f"({w.embed_queue or 'not set'}), got {queues!r}")
     _check_index()
     celery_app.worker_main(["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}",
-                            f"--queues={get_settings().worker.queue}",
-                            "--without-gossip", "--without-mingle"])
+                            f"--queues={','.join(names)}", "--without-gossip", "--without-mingle"])
 
 
 @app.command()

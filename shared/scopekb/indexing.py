@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ from scopekb.embedding.limits import backoff_delay
 from scopekb.errors import Refused, Transient
 from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry, is_sha
 from scopekb.logging import get_logger
-from scopekb.models import Chunk, Job, JobState, Source, utcnow
+from scopekb.models import Chunk, Job, JobStage, JobState, Source, utcnow
 from scopekb.patterns import GITATTRIBUTES_LIMITS, usable_globs
 from scopekb.refs import MAX_REFS, match_refs, put_ref_state, ref_states
 from scopekb.settings import Settings, git_cache_dir
@@ -123,6 +124,33 @@ class FileAttempts(Protocol):
         ...
 
 
+class EmbedSink(Protocol):
+    """Where the sync stage sends embedding work when embedding is its own stage (issue 19,
+    ``worker.embed_queue``), and where the embedding stage records finished parts.
+
+    Distributed: :meth:`send` enqueues a ``scopekb.embed_chunks`` task on the embedding queue; results live in the
+    coordination backend (Redis). Embedded: parts are kept and run in this process by :meth:`run_pending` right
+    after the sync stage. Both: :class:`scopekb.runtime.QueuedEmbedSink`, :class:`scopekb.runtime.LocalEmbedSink`.
+    """
+
+    def send(self, job_id: str, run: str, part: int, items: list[list[str]]) -> None:
+        """Queue one part: ``items`` = ``[[chunk id, text to embed, blob sha], ...]``. Broker errors propagate
+        (:class:`scopekb.errors.Transient`)."""
+        ...
+
+    def part_done(self, job_id: str, run: str, part: int, result: dict[str, Any]) -> None:
+        """Record a finished part's counts (idempotent per ``(job_id, run, part)``)."""
+        ...
+
+    def parts_done(self, job_id: str, run: str) -> list[dict[str, Any]]:
+        """Every finished part's counts of one run."""
+        ...
+
+    def run_pending(self, deps: SyncDeps) -> None:
+        """Run parts kept in this process (embedded); a no-op where workers take them from a queue."""
+        ...
+
+
 @dataclass
 class SyncDeps:
     """What a sync needs: settings, the three stores and, unless keyword-only, the embedder and its cache."""
@@ -137,6 +165,9 @@ class SyncDeps:
     #: Crash-survivable attempt counts per file, used once a job was redelivered after its process died (None: not
     #: tracked, e.g. the embedded profile's one process).
     attempts: FileAttempts | None = None
+    #: Embedding as its own stage (issue 19): chunks are written without vectors and their texts sent here; None:
+    #: the sync embeds its chunks itself.
+    embed_sink: EmbedSink | None = None
     #: Folder of object-store sources' documents (the embedded profile); None: S3. When not given, a runtime
     #: whose blobs are a local folder (embedded) and that was given no S3 settings keeps documents next to them.
     documents_dir: Path | None = None
@@ -222,10 +253,14 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
         _count(job, "redelivered")  # the process running this attempt died (a retry's record may just be stale)
     if attempt:
         job.retries["task"] = attempt
+    job.stage = JobStage.syncing
+    staged = deps.embed_sink is not None and deps.embedder is not None
+    # A token per run: a re-run of the job (retry, redelivery) counts only the embedding parts it sent itself.
+    job.embed_run, job.embed_parts = (uuid.uuid4().hex[:16], 0) if staged else (None, 0)
     deps.records.put_job(job)
     t0 = time.monotonic()
     try:
-        with _counting_embedding_retries(deps.embedder, job):
+        with _counting_embedding_retries(None if staged else deps.embedder, job):
             if not (branch_deleted and _delete_branch_if_gone(deps, job, sources)):
                 _sync(deps, job, sources, progress, verify)
     except Exception as e:  # recorded, then re-raised for the task's retry policy
@@ -239,7 +274,16 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
             log.error("job_record_not_stored", job_id=job.id, error=str(store_error))
         raise
     if job.chunks_written or job.chunks_deleted:
-        deps.chunks.refresh()  # a finished job means its changes are searchable
+        deps.chunks.refresh()  # a finished sync stage means its changes are keyword-searchable
+    if staged and job.embed_parts:
+        job.stage = JobStage.embedding  # still running: the index is complete when the last part is embedded
+        deps.records.put_job(job)
+        log.info("sync_stage_finished", job_id=job.id, embed_parts=job.embed_parts, chunks_written=job.chunks_written,
+                 seconds=round(time.monotonic() - t0, 3))
+        assert deps.embed_sink is not None
+        deps.embed_sink.run_pending(deps)
+        return finish_embedding(deps, job.id) or deps.records.get_job(job.id) or job
+    job.stage = JobStage.done
     job.finished_at = utcnow()
     job.state = JobState.partial if job.errors else JobState.done
     deps.records.put_job(job)
@@ -247,6 +291,67 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
              files_indexed=job.files_indexed, files_deleted=job.files_deleted, chunks_written=job.chunks_written,
              chunks_deleted=job.chunks_deleted, retries=job.retries, drift=job.drift,
              seconds=round(time.monotonic() - t0, 3))
+    return job
+
+
+def embed_part(deps: SyncDeps, job_id: str, run: str, part: int, items: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """The embedding stage's unit of work (issue 19): vectors for ``items`` (``[chunk id, text, blob sha]``)
+    through the embedding cache, added to the chunks the sync stage wrote (:meth:`ChunkStore.set_vectors`), then
+    the part recorded as done and the job finished if it was the last one (:func:`finish_embedding`).
+
+    Idempotent: a redelivered part computes the same vectors (cache hits), overwrites the same chunks by id and
+    its own result entry, so it neither duplicates chunks nor counts twice. A text the provider refuses leaves
+    its chunk without vector and blob id (the next sync re-indexes the file) and is named in the result's
+    ``errors``.
+
+    Returns:
+        ``{"part", "computed", "cached", "written", "errors"}``.
+
+    Raises:
+        StoreUnavailable: the store refused updates (the task retries the part).
+        scopekb.embedding.EmbeddingUnavailable: the provider is unavailable (transient; the task retries).
+    """
+    if deps.embedder is None or deps.embed_sink is None:
+        raise SyncError("the embedding stage needs an embedder and worker.embed_queue")
+    texts = [str(it[1]) for it in items]
+    vectors, stats, errors = embed_with_cache(deps.embedder, deps.embed_cache, texts)
+    updates = {str(it[0]): (v, str(it[2])) for it, v in zip(items, vectors, strict=True) if v is not None}
+    report = deps.chunks.set_vectors(updates, deps.embedder.model_id) if updates else BulkReport()
+    if report.errors:
+        raise StoreUnavailable(f"{len(report.errors)} vectors not stored: {report.errors[0][2][:300]}")
+    refused = [f"chunk {items[pos][0]}: embedding refused: {reason}" for pos, reason in sorted(errors.items())]
+    result = {"part": part, "computed": stats.computed, "cached": stats.cached, "written": report.written,
+              "errors": refused}
+    deps.embed_sink.part_done(job_id, run, part, result)
+    log.info("embed_part_done", job_id=job_id, part=part, chunks=len(items), computed=stats.computed,
+             cached=stats.cached, written=report.written)
+    finish_embedding(deps, job_id)
+    return result
+
+
+def finish_embedding(deps: SyncDeps, job_id: str) -> Job | None:
+    """Close a job whose embedding stage has every part done: add the parts' counts and errors, mark it
+    ``done`` (``partial`` with errors) and make its vectors searchable. Returns the finished job, or None when the
+    job is not in its embedding stage or parts are missing. Safe to call from several workers at once: each
+    computes the same record from the stage's record and the parts' results."""
+    job = deps.records.get_job(job_id)
+    if job is None or job.stage != JobStage.embedding or not job.embed_run or deps.embed_sink is None:
+        return None
+    results = deps.embed_sink.parts_done(job_id, job.embed_run)
+    if len({r.get("part") for r in results}) < job.embed_parts:
+        return None
+    for r in sorted(results, key=lambda r: int(r.get("part", 0))):
+        job.embeddings_computed += int(r.get("computed", 0))
+        job.embeddings_cached += int(r.get("cached", 0))
+        job.errors.extend(str(e) for e in r.get("errors", []))
+    deps.chunks.refresh()
+    job.stage = JobStage.done
+    job.finished_at = utcnow()
+    job.state = JobState.partial if job.errors else JobState.done
+    deps.records.put_job(job)
+    log.info("sync_finished", job_id=job.id, state=job.state.value, to_commit=job.to_commit,
+             files_indexed=job.files_indexed, chunks_written=job.chunks_written, embed_parts=job.embed_parts,
+             embeddings_computed=job.embeddings_computed, embeddings_cached=job.embeddings_cached)
     return job
 
 
@@ -713,7 +818,9 @@ def _index_batches(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[
         writes, vanished = _changes(deps, plans, index_sets, per_path, failed_paths, ref)
         linked = _link_shared(deps, job, plans, writes, failed_paths, ref)
         needed = {(path, c.chunk_index) for (_sid, path), todo in writes.items() for c, _ in todo}
-        vectors = _embed(deps, job, per_path, failed_paths, needed)
+        staged = deps.embed_sink is not None and deps.embedder is not None
+        vectors = {} if staged else _embed(deps, job, per_path, failed_paths, needed)
+        to_embed: list[list[str]] = []  # [chunk id, text, blob sha] for the embedding stage
         for path, lang, sha, _chunks in per_path:
             for plan in plans:
                 if path not in index_sets[plan.source.id]:
@@ -723,8 +830,12 @@ def _index_batches(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[
                 for c, cid in writes.get((plan.source.id, path), ()):
                     # A file whose embedding failed carries no blob id, so the next full sync sees it as
                     # changed and retries it (keyword search finds it meanwhile).
-                    doc = _doc(plan.source, path, lang, c, cid, "" if path in failed_paths else sha, commit, now,
-                               ref or plan.source.ref, linked.get(cid, ()))
+                    # Staged (issue 19): written without its blob id until its vector comes, so a chunk whose
+                    # embedding task is lost is seen as changed and indexed again by the next sync.
+                    doc = _doc(plan.source, path, lang, c, cid, "" if path in failed_paths or staged else sha, commit,
+                               now, ref or plan.source.ref, linked.get(cid, ()))
+                    if staged:
+                        to_embed.append([cid, embedding_text(path, lang, c, s.chunking, deps.counter), sha])
                     vec = vectors.get((path, c.chunk_index))
                     if vec is not None and deps.embedder is not None:
                         doc[F.EMBEDDING] = vec
@@ -738,7 +849,8 @@ def _index_batches(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[
         done += len(batch)
         pending = writer.submit(_write_batch, deps, job, out, docs,
                                 {k: (ref or _source_ref(plans, k[2]), ids) for k, ids in vanished.items()},
-                                [blob_key(sha) for path, _, sha, _ in per_path if path not in failed_paths], uploads)
+                                [blob_key(sha) for path, _, sha, _ in per_path if path not in failed_paths], uploads,
+                                to_embed)
     if pending is not None:
         pending.result()
         deps.records.put_job(job)
@@ -790,7 +902,7 @@ def _link_shared(deps: SyncDeps, job: Job, plans: list[_Plan], writes: dict[tupl
 
 def _write_batch(deps: SyncDeps, job: Job, out: _Outcome, docs: list[dict[str, Any]],
                  vanished: dict[tuple[str, str, str], tuple[str, list[str]]], keys: list[str],
-                 uploads: BlobUploads | None) -> None:
+                 uploads: BlobUploads | None, to_embed: Sequence[list[str]] = ()) -> None:
     """Write one batch (in :func:`_index`'s writer thread, while the next batch is chunked): wait for its blobs to
     be stored, bulk-write its chunks (bounded retries), record refusals, then take the ref off the chunks of
     re-indexed paths that its new version no longer has (``(agent, context, source id) -> (ref, ids)``; a chunk
@@ -810,6 +922,18 @@ def _write_batch(deps: SyncDeps, job: Job, out: _Outcome, docs: list[dict[str, A
             out.written.add(d[F.PATH])
     for (agent, ctx, sid), (ref, ids) in vanished.items():
         job.chunks_deleted += deps.chunks.remove_ref(agent, ctx, sid, ref, ids=ids)[1]
+    _send_embedding(deps, job, [it for it in to_embed if it[0] not in bad_ids])
+
+
+def _send_embedding(deps: SyncDeps, job: Job, items: Sequence[list[str]]) -> None:
+    """Send a written batch's chunks to the embedding stage in parts of ``worker.embed_part_chunks`` (issue 19);
+    ``job.embed_parts`` counts them (the parts of this run are numbered from 0)."""
+    if not items or deps.embed_sink is None or not job.embed_run:
+        return
+    size = max(1, deps.settings.worker.embed_part_chunks)
+    for i in range(0, len(items), size):
+        deps.embed_sink.send(job.id, job.embed_run, job.embed_parts, list(items[i:i + size]))
+        job.embed_parts += 1
 
 
 def _changes(deps: SyncDeps, plans: list[_Plan], index_sets: dict[str, frozenset[str]],

@@ -523,6 +523,16 @@ class SearchResponse(BaseModel):
     scope: SearchScope | None = None
 
 
+class JobStage(StrEnum):
+    """Which stage of indexing a job is in (issue 19): ``syncing`` (git, chunks, writes), ``embedding`` (the
+    chunks are written and keyword-searchable; their vectors are being computed by embedding tasks), ``done``
+    (both finished; the index is complete only now)."""
+
+    syncing = "syncing"
+    embedding = "embedding"
+    done = "done"
+
+
 class JobState(StrEnum):
     queued = "queued"
     running = "running"
@@ -564,6 +574,11 @@ class Job(BaseModel):
         default_factory=dict,
         description="per source id, what a verifying sync (reconcile) found and repaired although the source "
                     "was already at the ref: paths missing, changed and stale in the index")
+    stage: JobStage | None = Field(
+        default=None, description="syncing -> embedding -> done (issue 19); the job stays running until both the "
+                                  "sync and the embedding stage finished")
+    embed_run: str | None = Field(default=None, description="token of the sync run whose embedding parts count")
+    embed_parts: int = Field(default=0, description="embedding tasks the sync stage enqueued (0: none)")
     trigger: str = "webhook"
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None

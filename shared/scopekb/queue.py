@@ -20,6 +20,8 @@ from scopekb.settings import Settings
 TASK_SYNC_SOURCES = "scopekb.sync_sources"
 TASK_PING = "scopekb.ping"
 TASK_RECONCILE = "scopekb.reconcile"
+#: The embedding stage's task (issue 19): vectors for one part of a sync's chunks, on ``worker.embed_queue``.
+TASK_EMBED_CHUNKS = "scopekb.embed_chunks"
 
 
 def make_celery(settings: Settings, name: str, broker: str, backend: str) -> Celery:
@@ -37,7 +39,7 @@ def make_celery(settings: Settings, name: str, broker: str, backend: str) -> Cel
         worker_prefetch_multiplier=1,
         task_default_queue=w.queue,
         task_routes={TASK_SYNC_SOURCES: {"queue": w.queue}, TASK_PING: {"queue": w.queue},
-                     TASK_RECONCILE: {"queue": w.queue}},
+                     TASK_RECONCILE: {"queue": w.queue}, TASK_EMBED_CHUNKS: {"queue": w.embed_queue or w.queue}},
         beat_schedule={"reconcile": {"task": TASK_RECONCILE, "schedule": float(w.reconcile_interval_s)}}
         if w.reconcile_interval_s > 0 else {},
         task_soft_time_limit=w.task_soft_time_limit_s,

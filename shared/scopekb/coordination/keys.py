@@ -26,6 +26,8 @@ KEYS_VERSION = "scopekb:keys:version"
 #: Attempts at chunking one file of a group of sources at one blob (counted only after a worker death).
 FILE_ATTEMPTS = "scopekb:attempts:{group}:{sha}:{path_hash}"
 FILE_ATTEMPTS_PREFIX = "scopekb:attempts:"
+#: The outcome (JSON counts) of one finished part of a job's embedding stage (issue 19), per sync run.
+EMBED_PART = "scopekb:embed:{job}:{run}:{part}"
 
 
 def repo_hash(text: str) -> str:
@@ -57,3 +59,9 @@ def file_attempts(source_ids: Sequence[str], path: str, sha: str) -> str:
     """Key counting chunking attempts of ``path`` at blob ``sha`` for a group of sources."""
     return FILE_ATTEMPTS.format(group=group(source_ids), sha=sha,
                                 path_hash=hashlib.sha256(path.encode()).hexdigest()[:16])
+
+
+def embed_part(job_id: str, run: str, part: int | str) -> str:
+    """Key of one finished embedding part (``part="*"``: the pattern of every part of the run). The job id is
+    hashed (delivery ids come from webhook headers), the run is a hex token of :func:`scopekb.indexing.run_sync`."""
+    return EMBED_PART.format(job=repo_hash(job_id), run=run, part=part)

@@ -402,3 +402,68 @@ class LocalEmbedder:
 
     def close(self) -> None:
         """Nothing to release: the model stays loaded for other embedders of this process."""
+
+
+class LazyLocalEmbedder:
+    """The local model's identity without the model (issue 19): ``model_id`` and ``dimension`` from the model
+    directory's files, the :class:`LocalEmbedder` built on the first :meth:`embed`, :meth:`embed_query` or
+    :meth:`count_tokens`. A sync worker whose chunks are embedded by embedding workers (``worker.embed_queue``)
+    checks and creates the index with it and never imports torch or sentence-transformers.
+
+    ``dimension`` is ``word_embedding_dimension`` of ``1_Pooling/config.json`` (sentence-transformers' pooling
+    config, 384 for all-MiniLM-L6-v2).
+
+    Raises:
+        EmbeddingConfigError: the model directory or its pooling config is missing (at construction); anything
+            :class:`LocalEmbedder` raises (at first use).
+    """
+
+    def __init__(self, settings: EmbeddingSettings) -> None:
+        import json
+
+        self._settings = settings
+        path = Path(settings.local_model_path) if settings.local_model_path is not None else packaged_model_path()
+        if settings.local_backend not in BACKENDS:
+            raise EmbeddingConfigError(f"unknown local backend {settings.local_backend!r}: choose one of "
+                                       f"{', '.join(BACKENDS)}")
+        try:
+            pooling = json.loads((path / "1_Pooling" / "config.json").read_text())
+            self.dimension: int = int(pooling["word_embedding_dimension"])
+        except (OSError, ValueError, KeyError) as e:
+            raise EmbeddingConfigError(f"cannot read the embedding dimension of the model at {path}: {e}") from e
+        self.model_id: str = settings.model_id or default_model_id(settings.local_model_path, settings.local_backend)
+        self._real: LocalEmbedder | None = None
+        self._mu = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        """True once the model was built in this process."""
+        return self._real is not None
+
+    def _get(self) -> LocalEmbedder:
+        with self._mu:
+            if self._real is None:
+                self._real = LocalEmbedder.from_settings(self._settings)
+            return self._real
+
+    @property
+    def max_input_tokens(self) -> int:
+        """The model's input limit in word pieces (builds the model)."""
+        return self._get().max_input_tokens
+
+    def embed(self, texts: Sequence[str]) -> EmbedResult:
+        """:meth:`LocalEmbedder.embed` (builds the model on first use)."""
+        return self._get().embed(texts)
+
+    def embed_query(self, text: str) -> Vector:
+        """:meth:`LocalEmbedder.embed_query` (builds the model on first use)."""
+        return self._get().embed_query(text)
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """:meth:`LocalEmbedder.count_tokens` (builds the model on first use)."""
+        return self._get().count_tokens(texts)
+
+    def close(self) -> None:
+        """Close the model if it was built."""
+        if self._real is not None:
+            self._real.close()

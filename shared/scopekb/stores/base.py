@@ -176,6 +176,14 @@ class ChunkStore(Protocol):
         """Replace the ``refs`` of existing chunks without sending their content or vectors again."""
         ...
 
+    def set_vectors(self, vectors_by_id: dict[str, tuple[Sequence[float], str]], model: str) -> BulkReport:
+        """Add vectors to existing chunks (the embedding stage, issue 19): ``id -> (vector, blob sha)`` sets
+        ``embedding``, ``embedding_model = model`` and ``blob_sha`` (written empty by the sync stage, so a chunk
+        whose vector never came is re-indexed by the next sync) without sending the content again. Chunks that no
+        longer exist (deleted or replaced by a later sync meanwhile) are skipped, not errors; ``written`` counts
+        the chunks updated, ``errors`` the ones the store refused (``(id, "?", "status: reason")``)."""
+        ...
+
     def remove_ref(self, scope_agent: str, scope_context: str, source_id: str, ref: str,
                    paths: Sequence[str] | None = None, keep_ids: Sequence[str] = (),
                    ids: Sequence[str] | None = None) -> tuple[int, int]:

@@ -554,6 +554,22 @@ class OpenSearchChunkStore:
                 report.errors.append((str(info.get("_id")), "?", f"{info.get('status')}: {info.get('error')}"))
         return report
 
+    def set_vectors(self, vectors_by_id: dict[str, tuple[Sequence[float], str]], model: str) -> BulkReport:
+        """:meth:`ChunkStore.set_vectors` as partial updates (vectors stay in ``_source``, mapping version 5, so a
+        later membership update keeps them). A 404 (the chunk is gone) is skipped."""
+        report = BulkReport()
+        actions = ({"_op_type": "update", "_index": self.alias, "_id": i,
+                    "doc": {F.EMBEDDING: [float(x) for x in vec], F.EMBEDDING_MODEL: model, F.BLOB_SHA: blob}}
+                   for i, (vec, blob) in vectors_by_id.items())
+        for ok, item in helpers.streaming_bulk(self.client, actions, chunk_size=500, raise_on_error=False,
+                                               raise_on_exception=False, max_retries=3, params=_BULK_PARAMS):
+            info = item.get("update", {})
+            if ok:
+                report.written += 1
+            elif info.get("status") != 404:
+                report.errors.append((str(info.get("_id")), "?", f"{info.get('status')}: {info.get('error')}"))
+        return report
+
     def remove_ref(self, scope_agent: str, scope_context: str, source_id: str, ref: str,
                    paths: Sequence[str] | None = None, keep_ids: Sequence[str] = (),
                    ids: Sequence[str] | None = None) -> tuple[int, int]:

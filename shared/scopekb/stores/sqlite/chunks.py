@@ -546,6 +546,30 @@ class SqliteChunkStore:
                 report.written += 1
         return report
 
+    def set_vectors(self, vectors_by_id: dict[str, tuple[Sequence[float], str]], model: str) -> BulkReport:
+        """:meth:`ChunkStore.set_vectors`: the vector row, ``has_vec`` and the stored document's ``blob_sha`` and
+        ``embedding_model``; a chunk that is gone is skipped, a vector of the wrong dimension is an error."""
+        report = BulkReport()
+        with self._db.write() as conn:
+            for cid, (vec, blob) in vectors_by_id.items():
+                try:
+                    data = self._vector_blob(vec)
+                except _Rejected as e:
+                    report.errors.append((cid, "?", f"400: {e}"))
+                    continue
+                row = conn.execute("SELECT rowid FROM chunks WHERE id = ?", (cid,)).fetchone()
+                if row is None:
+                    continue
+                rowid = int(row[0])
+                conn.execute("INSERT OR REPLACE INTO chunk_vectors (rowid, embedding) VALUES (?, ?)", (rowid, data))
+                conn.execute("UPDATE chunks SET has_vec = 1, digest = '' WHERE rowid = ?", (rowid,))
+                conn.execute(f"UPDATE chunk_docs SET doc = json_set(doc, '$.{F.BLOB_SHA}', ?, "
+                             f"'$.{F.EMBEDDING_MODEL}', ?) WHERE rowid = ?", (blob, model, rowid))
+                report.written += 1
+            if report.written:
+                self._bump_vec_gen(conn)
+        return report
+
     @staticmethod
     def _put_refs(conn: sqlite3.Connection, rowid: int, refs: list[str]) -> None:
         conn.execute("DELETE FROM chunk_refs WHERE chunk = ?", (rowid,))

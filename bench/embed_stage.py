@@ -1,0 +1,230 @@
+"""Embedding as its own stage (issue 19): 1 vs 2 embedding worker processes, the model elsewhere, sync worker RSS.
+
+Indexes one release of a real project (click 8.1.0 by default, from the bench's sdist cache like ``bench/run``) on
+the running services (``scripts/services``; a private alias, system prefix, bucket and queues per case, deleted
+at the end) with real ``scopekb worker`` processes:
+
+- a sync worker (``--queues <sync queue>``, ``worker.embed_queue`` set) runs the sync stage alone; its process
+  tree's peak RSS (``VmHWM``) is read when the stage ends (target: <= 600 MiB, it never imports torch);
+- then N embedding workers (``--queues <embed queue>``, concurrency 1 each, ``embedding.local_threads`` 1 so two
+  processes fit two cores) are started together and the embedding stage is timed from the moment all of them are
+  ready to the job's ``done`` (a fresh embedding cache per case: every chunk is computed);
+- cases: the local model (torch) with N = 1 and 2, and the OpenAI-compatible stub (``tests/openai_stub.py``, in
+  this process, answering with hashed unit vectors at once) with N = 1 and 2: the stage's own ceiling when the
+  model is elsewhere;
+- baseline: one worker embedding inline (no embedding queue, the default), whole-sync seconds and peak RSS.
+
+Prints one JSON object; ratios are within this run.
+
+    .venv/bin/python bench/embed_stage.py [--package click --versions 8.1.0] [--cases local1,local2,stub1,stub2,inline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[1:1] = [str(REPO / "bench"), str(REPO)]
+
+MIB = 1024 * 1024
+
+
+def _hash_vectors(texts: list[str]) -> np.ndarray:
+    """384-d unit vectors from each text's sha256 (the stub's "model": no arithmetic worth measuring)."""
+    out = np.empty((len(texts), 384), dtype=np.float32)
+    for i, t in enumerate(texts):
+        rng = np.random.default_rng(int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little"))
+        v = rng.standard_normal(384).astype(np.float32)
+        out[i] = v / np.linalg.norm(v)
+    return out
+
+
+def _peak_rss(pid: int) -> dict[str, int]:
+    """``VmHWM`` (peak resident set) of a process and each descendant, bytes, keyed by pid."""
+    import psutil
+
+    out: dict[str, int] = {}
+    with contextlib.suppress(psutil.NoSuchProcess):
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        for p in procs:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        out[str(p.pid)] = int(line.split()[1]) * 1024
+    return out
+
+
+def _spawn(env: dict[str, str], queues: str, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as fh:
+        return subprocess.Popen([sys.executable, "-m", "scopekb_cli.main", "worker", "--concurrency", "1",
+                                 "--queues", queues], env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _ready(procs: list[tuple[subprocess.Popen, Path]], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p, log in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"worker exited: {log.read_text(errors='replace')[-2000:]}")
+        if all(" ready." in log.read_text(errors="replace") for _, log in procs):
+            return
+        time.sleep(0.2)
+    raise RuntimeError("workers not ready")
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+
+
+def _wait(records: Any, job_id: str, done: Any, timeout: float = 1800) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = records.get_job(job_id)
+        if job is not None and done(job):
+            return job
+        time.sleep(0.2)
+    raise RuntimeError(f"job {job_id} not done: {records.get_job(job_id)}")
+
+
+def run_case(case: str, endpoints: dict[str, str], bare: Path, work: Path, stub_url: str) -> dict[str, Any]:
+    """One case: ``local<N>``, ``stub<N>`` or ``inline``; returns its figures."""
+    from scopekb_bench.stack import cleanup
+
+    from scopekb import queue
+    from scopekb.models import JobStage, Source
+    from scopekb.runtime import celery_app
+    from scopekb.settings import Settings
+    from scopekb.stores.opensearch import make_client
+    from scopekb.stores.records import OpenSearchRecordStore
+
+    run_id = "emb" + secrets.token_hex(3)
+    prefix = f"bench-{run_id}"
+    model = {"SCOPEKB_EMBEDDING__PROVIDER": "local", "SCOPEKB_EMBEDDING__LOCAL_THREADS": "1"}
+    if case.startswith("stub"):
+        model = {"SCOPEKB_EMBEDDING__PROVIDER": "openai", "SCOPEKB_EMBEDDING__BASE_URL": stub_url,
+                 "SCOPEKB_EMBEDDING__API_KEY": "sk-bench", "SCOPEKB_EMBEDDING__MODEL": "hash384"}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SCOPEKB_", "OPENAI_"))}
+    env = {**base, **endpoints, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "SCOPEKB_PROFILE": "distributed",
+           "SCOPEKB_OPENSEARCH__ALIAS": f"{prefix}-chunks", "SCOPEKB_OPENSEARCH__SYSTEM_PREFIX": f"{prefix}-sys",
+           "SCOPEKB_S3__BUCKET": prefix, "SCOPEKB_WORKER__QUEUE": f"{prefix}-sync",
+           "SCOPEKB_WORKER__EMBED_QUEUE": "" if case == "inline" else f"{prefix}-embed",
+           "SCOPEKB_GIT__CACHE_DIR": str(work / f"git-{run_id}"), "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true",
+           "SCOPEKB_LOG_FORMAT": "json", "SCOPEKB_LOG_LEVEL": "INFO", **model}
+    s = Settings(opensearch={"url": endpoints["SCOPEKB_OPENSEARCH__URL"], "alias": f"{prefix}-chunks",
+                             "system_prefix": f"{prefix}-sys"},
+                 redis={"url": endpoints["SCOPEKB_REDIS__URL"]}, worker={"queue": f"{prefix}-sync"})
+    records = OpenSearchRecordStore(make_client(s.opensearch), s.opensearch.system_prefix)
+    procs: list[subprocess.Popen] = []
+    out: dict[str, Any] = {"case": case}
+    try:
+        sync_log = work / f"{run_id}-sync.log"
+        sync = _spawn(env, env["SCOPEKB_WORKER__QUEUE"], sync_log)
+        procs.append(sync)
+        _ready([(sync, sync_log)])
+        records.ensure("sources")
+        src = Source(id=f"src_{run_id}", agent_name="bench", context_id="emb", repo_url=str(bare), ref="main",
+                     repo_name="bench/emb", webhooks=False)
+        records.put_source(src)
+        job_id = f"{run_id}-job"
+        t0 = time.perf_counter()
+        celery_app(s, name="bench-emb").send_task(queue.TASK_SYNC_SOURCES, task_id=job_id,
+                                                  kwargs={"job_id": job_id, "source_ids": [src.id]})
+        job = _wait(records, job_id, lambda j: j.stage == JobStage.embedding or j.finished)
+        out["sync_stage_s"] = round(time.perf_counter() - t0, 2)
+        rss = _peak_rss(sync.pid)
+        out["sync_worker_peak_rss_mib"] = round(max(rss.values()) / MIB, 1)
+        out["sync_worker_rss_by_pid_mib"] = {k: round(v / MIB, 1) for k, v in rss.items()}
+        out["chunks"] = job.chunks_written
+        out["embed_parts"] = job.embed_parts
+        if case != "inline":
+            n = int(case[-1])
+            embeds = [(_spawn(env, env["SCOPEKB_WORKER__EMBED_QUEUE"], work / f"{run_id}-embed{i}.log"),
+                       work / f"{run_id}-embed{i}.log") for i in range(n)]
+            procs += [p for p, _ in embeds]
+            _ready(embeds)
+            t1 = time.perf_counter()
+            job = _wait(records, job_id, lambda j: j.finished)
+            out["embed_stage_s"] = round(time.perf_counter() - t1, 2)
+            out["embed_chunks_per_s"] = round(job.embeddings_computed / out["embed_stage_s"], 1)
+            out["embed_worker_peak_rss_mib"] = round(max(max(_peak_rss(p.pid).values(), default=0)
+                                                         for p, _ in embeds) / MIB, 1)
+        out.update({"state": job.state.value, "stage": str(job.stage), "embeddings_computed": job.embeddings_computed,
+                    "embeddings_cached": job.embeddings_cached, "job_s": round(time.perf_counter() - t0, 2)})
+    finally:
+        _stop(procs)
+        cleanup(endpoints, run_id)
+        import redis
+
+        redis.Redis.from_url(endpoints["SCOPEKB_REDIS__URL"]).delete(f"{prefix}-sync", f"{prefix}-embed")
+    print(json.dumps(out), file=sys.stderr, flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--package", default="click")
+    ap.add_argument("--versions", default="8.1.0")
+    ap.add_argument("--prefer", default="src/click/")
+    ap.add_argument("--cases", default="inline,stub1,stub2,local1,local2")
+    args = ap.parse_args()
+
+    from scopekb_bench import corpus
+    from scopekb_bench.services import services
+
+    from tests.openai_stub import OpenAIStub
+
+    built = corpus.release_repo(args.package, args.versions.split(","), args.prefer)
+    results: dict[str, Any] = {"package": args.package, "versions": built.versions,
+                               "load_avg_start": os.getloadavg()[0], "cases": {}}
+    with tempfile.TemporaryDirectory(prefix="scopekb-embstage-") as tmp, services() as endpoints, \
+            OpenAIStub(_hash_vectors, api_key="sk-bench") as stub:
+        work = Path(tmp)
+        bare = built.clone_bare(work / "repo.git")
+        subprocess.run(["git", "--git-dir", str(bare), "update-ref", "refs/heads/main", built.releases[-1]],
+                       check=True)
+        for case in args.cases.split(","):
+            results["cases"][case] = run_case(case, endpoints, bare, work, stub.base_url)
+    c = results["cases"]
+    ratios: dict[str, Any] = {}
+    if "local1" in c and "local2" in c:
+        ratios["local_2_vs_1_workers"] = round(c["local2"]["embed_chunks_per_s"] / c["local1"]["embed_chunks_per_s"], 3)
+    if "stub1" in c and "stub2" in c:
+        ratios["stub_2_vs_1_workers"] = round(c["stub2"]["embed_chunks_per_s"] / c["stub1"]["embed_chunks_per_s"], 3)
+    if "stub1" in c and "local1" in c:
+        ratios["stub_vs_local_one_worker"] = round(c["stub1"]["embed_chunks_per_s"] / c["local1"]["embed_chunks_per_s"],
+                                                   2)
+    if "inline" in c and "local1" in c:
+        ratios["sync_rss_staged_vs_inline"] = round(c["local1"]["sync_worker_peak_rss_mib"]
+                                                    / c["inline"]["sync_worker_peak_rss_mib"], 3)
+    results["ratios"] = ratios
+    results["load_avg_end"] = os.getloadavg()[0]
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
