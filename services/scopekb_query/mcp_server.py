@@ -278,8 +278,9 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
         kinds: Annotated[list[str] | None, Field(
             description="symbol mode: keep these definition kinds, e.g. ['function', 'method', 'class']")] = None,
         metadata: Annotated[dict[str, str | int | float | bool | list[str | int | float | bool]] | None, Field(
-            description="Metadata filters, e.g. {'author': 'ann'} (front matter, object metadata); a list "
-                        "means any of its values")] = None,
+            description="Metadata filters, e.g. {'front_matter.author': 'ann'} (a Markdown document's front "
+                        "matter), {'s3.team': 'docs'} (an S3 object's x-amz-meta-team); a list means any of its "
+                        "values")] = None,
     ) -> str:
         """Search the code and documents this key may see (every context of it unless context_id is given).
 

@@ -1,7 +1,15 @@
 """Documents that are not in git: an S3 prefix as a source, and text extraction for PDF and HTML.
 
-An object-store source lists its prefix; each object's ETag is its version. A sync indexes objects whose ETag
-differs from the indexed one and deletes the chunks of objects that are gone, exactly like a git diff does.
+An object-store source lists its prefix; each object's version is its ETag and its last-modified time
+(:func:`etag_id`). A sync indexes objects whose version differs from the indexed one and deletes the chunks of
+objects that are gone, exactly like a git diff does.
+
+Object metadata (S3 user metadata, the ``x-amz-meta-*`` headers) is read with each object's contents, normalised
+(:func:`object_metadata`) and stored on the document's chunks under ``metadata["s3"]``, where the ``metadata``
+search filter finds it (``{"s3.team": "docs"}``). A metadata-only change (a copy onto itself with
+``x-amz-metadata-directive: REPLACE``) keeps the ETag - it is the MD5 of the unchanged bytes - but gives the
+object a new last-modified time, so the next sync re-indexes it; only a change within the same second as the
+listed time (S3 lists whole seconds) goes unseen until the object is written again.
 """
 
 from __future__ import annotations
@@ -9,8 +17,11 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import stat
-from collections.abc import Iterator
+import unicodedata
+from collections.abc import Iterable, Iterator
+from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -29,9 +40,65 @@ class DocumentError(ValueError):
     """A document cannot be turned into text (corrupt PDF, ...); the message says why."""
 
 
-def etag_id(etag: str) -> str:
-    """A 40-hex content id for an object version (sha1 of its ETag), used as ``blob_sha`` and blob key."""
-    return hashlib.sha1(("s3-etag:" + etag.strip('"')).encode()).hexdigest()
+def etag_id(etag: str, last_modified: datetime | None = None) -> str:
+    """A 40-hex id for an object version, used as ``blob_sha`` and blob key: sha1 of its ETag and, when given,
+    its last-modified time (ISO, UTC as listed). The time is part of it because S3 keeps the ETag (the MD5 of the
+    bytes) when only the user metadata changes, and the metadata is indexed too (see the module docstring)."""
+    text = "s3-etag:" + etag.strip('"')
+    if last_modified is not None:
+        text += "\0" + last_modified.isoformat()
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+#: Object metadata kept per document: keys (the first by name), characters of a key, characters of a value. S3
+#: itself allows 2 KB of user metadata an object (AWS S3 user guide, "Working with object metadata").
+META_MAX_KEYS, META_MAX_KEY_CHARS, META_MAX_VALUE_CHARS = 32, 64, 1_000
+#: A kept key after lower-casing and removing ``x-amz-meta-``: letters, digits, ``_`` and ``-`` only (no ``.``,
+#: which the ``metadata`` filter reads as nesting; other characters are dropped with the key).
+_META_KEY = re.compile(r"[a-z0-9][a-z0-9_-]*")
+_META_PREFIX = "x-amz-meta-"
+#: Chunk metadata key holding an object's normalised user metadata (filter keys ``s3.<key>``).
+OBJECT_METADATA_KEY = "s3"
+
+
+def _meta_value(raw: object) -> str:
+    """One metadata header value as text: RFC 2047 encoded words (``=?UTF-8?B?...?=``, how S3 returns non-ASCII
+    values) decoded, raw UTF-8 bytes (which HTTP clients hand over as Latin-1 text) re-decoded, control
+    characters dropped, surrounding blanks stripped, at most :data:`META_MAX_VALUE_CHARS` characters."""
+    value = str(raw)
+    if "=?" in value:
+        from email.header import decode_header, make_header
+
+        try:
+            value = str(make_header(decode_header(value)))
+        except (ValueError, LookupError, UnicodeDecodeError):
+            pass
+    else:
+        try:
+            value = value.encode("latin-1").decode("utf-8")
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            pass
+    value = "".join(c for c in value if unicodedata.category(c) != "Cc").strip()
+    return value[:META_MAX_VALUE_CHARS]
+
+
+def object_metadata(headers: Iterable[tuple[str, object]]) -> dict[str, str]:
+    """The user metadata among an object's response headers (``(name, value)`` pairs), normalised: ``x-amz-meta-``
+    removed and the key lower-cased; keys that are not 1-64 characters of ``[a-z0-9_-]`` (starting with a letter or
+    digit) dropped; values as :func:`_meta_value` makes them; at most :data:`META_MAX_KEYS` keys (the first by
+    name). Metadata is untrusted like contents: it is stored and filtered on, never rendered as structure and
+    never chooses a code path. ``[("X-Amz-Meta-Team", "Docs")]`` → ``{"team": "Docs"}``."""
+    out: dict[str, str] = {}
+    for name, raw in headers:
+        low = str(name).lower()
+        if not low.startswith(_META_PREFIX):
+            continue
+        key = low[len(_META_PREFIX):]
+        if len(key) > META_MAX_KEY_CHARS or not _META_KEY.fullmatch(key):
+            continue
+        value = _meta_value(raw)
+        out[key] = f"{out[key]},{value}"[:META_MAX_VALUE_CHARS] if key in out else value
+    return {k: out[k] for k in sorted(out)[:META_MAX_KEYS]}
 
 
 def pdf_text(data: bytes) -> str:
@@ -111,13 +178,14 @@ class ObjectPrefix:
         self._keys: dict[str, str] = {}
 
     def tree(self) -> dict[str, TreeEntry]:
-        """Every object under the prefix: path → entry with ``sha`` = :func:`etag_id` of its ETag."""
+        """Every object under the prefix: path → entry with ``sha`` = :func:`etag_id` of its ETag and last-modified
+        time."""
         out: dict[str, TreeEntry] = {}
         for obj in self._list():
             rel = obj.object_name[len(self.prefix):]
             if not rel or obj.is_dir:
                 continue
-            sha = etag_id(obj.etag or "")
+            sha = etag_id(obj.etag or "", obj.last_modified)
             self._keys[sha] = obj.object_name
             out[rel] = TreeEntry(path=rel, mode="100644", sha=sha, size=obj.size)
         return out
@@ -135,6 +203,16 @@ class ObjectPrefix:
         resp = self.client.get_object(self.bucket, self._keys[sha])
         try:
             return resp.read()
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def read_document(self, rel: str, sha: str) -> tuple[bytes, dict[str, str]]:
+        """Contents and normalised user metadata (:func:`object_metadata`) of the object listed at path ``rel``
+        (one GET: the metadata comes with the contents; ``sha``, its listed version, is not needed)."""
+        resp = self.client.get_object(self.bucket, self.prefix + rel)
+        try:
+            return resp.read(), object_metadata(resp.headers.items())
         finally:
             resp.close()
             resp.release_conn()
@@ -195,6 +273,10 @@ class FolderPrefix:
     def read_blob(self, sha: str) -> bytes:
         """Contents of the file listed with content id ``sha``."""
         return self._paths[sha].read_bytes()
+
+    def read_document(self, rel: str, sha: str) -> tuple[bytes, dict[str, str]]:
+        """Contents of the file listed at ``rel`` with content id ``sha``; files carry no object metadata (``{}``)."""
+        return self.read_blob(sha), {}
 
     def put(self, rel: str, data: bytes, content_type: str = "application/octet-stream") -> str:
         """Store a document under the prefix (atomically); returns its key (``prefix/rel``).

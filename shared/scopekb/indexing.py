@@ -26,6 +26,7 @@ what differs even when the sync state says the source is up to date.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import time
@@ -42,6 +43,7 @@ from scopekb.blobs import BlobStore, BlobUploads, LocalBlobStore, blob_key
 from scopekb.chunking import TokenCounter, chunk_document, embedding_text
 from scopekb.documents import (
     DOCUMENT_SUFFIXES,
+    OBJECT_METADATA_KEY,
     DocumentError,
     FolderPrefix,
     ObjectPrefix,
@@ -217,6 +219,9 @@ class _Prepared:
     skip: str | None = None
     #: The blob's bytes as read from git (None: read it back from the blob store).
     data: bytes | None = None
+    #: An object-store document's normalised user metadata (:func:`scopekb.documents.object_metadata`), stored on
+    #: its chunks under ``metadata["s3"]``; empty for git files.
+    meta: dict[str, str] = field(default_factory=dict)
 
 
 def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str = "webhook",
@@ -716,10 +721,14 @@ def _read_and_store(deps: SyncDeps, mirror: Mirror | ObjectPrefix | FolderPrefix
                 reason = filetypes.SKIP_TOO_LARGE
         if reason is None and documents and not path.lower().endswith(DOCUMENT_SUFFIXES):
             reason = SKIP_UNSUPPORTED
-        if reason is None and e.sha in seen:
+        meta: dict[str, str] = {}
+        if reason is None and e.sha in seen and not documents:  # documents: each object has its own metadata
             reason, data = seen[e.sha]
         elif reason is None:
-            data = mirror.read_blob(e.sha)
+            if documents:
+                data, meta = mirror.read_document(path, e.sha)  # type: ignore[union-attr]
+            else:
+                data = mirror.read_blob(e.sha)
             if documents:
                 try:
                     data = to_text(path, data) or data
@@ -737,7 +746,7 @@ def _read_and_store(deps: SyncDeps, mirror: Mirror | ObjectPrefix | FolderPrefix
             else:
                 data = None
             seen[e.sha] = (reason, data)
-        out[path] = _Prepared(entry=e, skip=reason, data=data)
+        out[path] = _Prepared(entry=e, skip=reason, data=data, meta=meta)
         if reason:
             job.files_skipped[reason] = job.files_skipped.get(reason, 0) + 1
         if progress:
@@ -808,6 +817,9 @@ def _index_batches(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[
                     failed_paths.add(path)
                 else:
                     chunks = chunk_cache[sha] = got
+                    if prep.meta:  # copies: the cached chunks stay without this object's metadata
+                        chunks = [dataclasses.replace(c, metadata={**c.metadata, OBJECT_METADATA_KEY: dict(prep.meta)})
+                                  for c in chunks]
             per_path.append((path, filetypes.language_for(path), prep.entry.sha, chunks))
             if prep.skip is None and chunks:
                 job.files_indexed += 1

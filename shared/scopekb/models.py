@@ -302,8 +302,9 @@ class SearchRequest(BaseModel):
                     "trait, impl, module, type, macro, constructor, property, ...); empty keeps all")
     metadata: dict[str, str | int | float | bool | list[str | int | float | bool]] = Field(
         default_factory=dict,
-        description="key/value filters on chunk metadata (document front matter, object-store metadata, chunker "
-                    "fields such as 'parent'); nested keys joined by '.'; a list means any of its values; every key "
+        description="key/value filters on chunk metadata: a Markdown document's front matter "
+                    "('front_matter.status'), an S3 object's user metadata ('s3.team' for x-amz-meta-team), chunker "
+                    "fields such as 'parent'; nested keys joined by '.'; a list means any of its values; every key "
                     "must match. Values compare as text ('true', '3')")
     group_by: Literal["chunk", "file"] = Field(
         default="chunk", description="chunk: one result per chunk; file: one result per file (its best chunks "
