@@ -20,7 +20,7 @@ from scopekb import ops
 from scopekb.errors import NotFound
 from scopekb.logging import configure_logging
 from scopekb.models import KeyCreate, ReadRequest, SearchMode, SearchRequest, Source, SourceCreate
-from scopekb.render import one_line, terminal_text
+from scopekb.render import matching_lines, one_line, origin, terminal_text
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.search import SearchUnavailable, run_search
 from scopekb.settings import get_settings
@@ -536,15 +536,21 @@ def search(query: str,
         head.append(f"  score {h.score:.2f}", style="green")
         if h.symbol:
             head.append(f"  {one_line(h.symbol, 200)}", style="magenta")
-        if h.match_lines:
-            head.append("  lines " + ",".join(str(int(x)) for x in h.match_lines[:50]), style="yellow")
-        if context is None:
-            head.append(f"  [{one_line(h.context_id)}]", style="dim")
-        out.print(head)
-        lines = [ln for ln in terminal_text(h.content).split("\n") if ln.strip()][:8]
-        snippet = Text("\n".join("    " + ln[:120] for ln in lines))
+        head.append(f"  {origin(h)}", style="dim")  # context, repo, ref, commit: same lines of two sources differ
+        if h.blob_sha:
+            head.append(f"  blob {one_line(h.blob_sha, 64)}", style="dim")
+        out.print(head, soft_wrap=True)  # one line however narrow the terminal: the terminal wraps it
+        matched, more = matching_lines(h)
+        if matched:  # exact/regex matches, symbol definition lines: each with its line number
+            width = len(str(matched[-1][0]))
+            lines = [f"{num:>{width}}: {terminal_text(text)[:200]}" for num, text in matched]
+            if more:
+                lines.append(f"… {more} more matching line{'s' if more != 1 else ''}")
+        else:
+            lines = [ln[:120] for ln in terminal_text(h.content).split("\n") if ln.strip()][:8]
+        snippet = Text("\n".join("    " + ln for ln in lines))
         snippet.highlight_words(words, style="bold yellow", case_sensitive=False)
-        out.print(snippet)
+        out.print(snippet, soft_wrap=True)
     if resp.notice:
         err.print(one_line(resp.notice, 2000), markup=False, highlight=False)
 

@@ -83,20 +83,63 @@ def fence_nonce(contents: Iterable[str]) -> str:
 
 #: Matching line numbers listed in a hit's header at most.
 _MAX_LINES_SHOWN = 50
+_HEX = frozenset("0123456789abcdef")
+
+
+def short_commit(commit: str | None) -> str | None:
+    """A commit id shortened to 12 hex digits (unambiguous in any repository of a realistic size); any other value
+    escaped and bounded; None when unknown."""
+    if not commit:
+        return None
+    if set(commit) <= _HEX:
+        return commit[:12]
+    return one_line(commit, 64)
+
+
+def origin(h: SearchHit) -> str:
+    """Where a hit comes from, for its header: ``context 'c1', repo 'pallets/click', ref 'main', commit
+    1a2b3c4d5e6f`` (the source id when the hit names no repository; parts unknown are left out), data escaped.
+    Two hits with the same path and lines from two contexts, repositories or refs differ here."""
+    parts = [f"context '{one_line(h.context_id, 100)}'"]
+    if h.repo:
+        parts.append(f"repo '{one_line(h.repo, 200)}'")
+    elif h.source_id:
+        parts.append(f"source '{one_line(h.source_id, 100)}'")
+    if h.ref:
+        parts.append(f"ref '{one_line(h.ref, 200)}'")
+    commit = short_commit(h.commit)
+    if commit:
+        parts.append(f"commit {commit}")
+    return ", ".join(parts)
 
 
 def hit_header(n: int, h: SearchHit) -> str:
-    """The structure line naming hit ``n``: ``[n] path:start-end (score 0.92) symbol blob <blob_sha>``, data
-    parts escaped."""
+    """The structure line naming hit ``n``: ``[n] path:start-end (score 0.92) symbol; context 'c1', repo 'r',
+    ref 'main', commit 1a2b3c4d5e6f; blob <blob_sha>; lines 3,7`` (:func:`origin`; blob and lines when known),
+    data parts escaped."""
     head = f"[{int(n)}] {one_line(h.path)}:{int(h.start_line)}-{int(h.end_line)} (score {float(h.score):.2f})"
     if h.symbol:
         head += f" {one_line(h.symbol, 200)}"
+    head += f"; {origin(h)}"
     if h.blob_sha:  # what the ``read`` tool needs to open this file at this version
-        head += f" blob {one_line(h.blob_sha, 64)}"
+        head += f"; blob {one_line(h.blob_sha, 64)}"
     if h.match_lines:  # exact/regex/symbol: the matching lines (integers only)
         shown = h.match_lines[:_MAX_LINES_SHOWN]
-        head += " lines " + ",".join(str(int(x)) for x in shown) + ("…" if len(h.match_lines) > len(shown) else "")
+        head += "; lines " + ",".join(str(int(x)) for x in shown) + ("…" if len(h.match_lines) > len(shown) else "")
     return head
+
+
+def matching_lines(h: SearchHit, max_lines: int = 20) -> tuple[list[tuple[int, str]], int]:
+    """The hit's matching lines (``match_lines``: exact/regex matches, symbol definition headers) as ``(line
+    number, line text)`` taken from its content, at most ``max_lines``, and how many more there are. The text is
+    raw content: print it as content (:func:`terminal_text`), never on a structure line."""
+    lines = h.content.split("\n")
+    out = []
+    for n in h.match_lines or []:
+        i = int(n) - int(h.start_line)
+        if 0 <= i < len(lines):
+            out.append((int(n), lines[i]))
+    return out[:max_lines], max(0, len(out) - max_lines)
 
 
 class Counter(Protocol):
