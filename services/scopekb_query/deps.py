@@ -61,6 +61,23 @@ def caller_of(rt: Runtime, authorization: str) -> Caller:
     return Caller(key=key)
 
 
+def cached_caller(rt: Runtime, authorization: str) -> Caller | None:
+    """:func:`caller_of` when it can answer without I/O (a bad header, the admin token, or a key the
+    :class:`scopekb.auth.KeyLookup` answers from memory, :meth:`~scopekb.auth.KeyLookup.answered`), else None:
+    for the event loop, which hands only the other lookups to a thread (issue 20). Raises ``HTTPException`` 401."""
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    admin = rt.settings.query.admin_token
+    if scheme.lower() != "bearer" or not token or (admin is not None and tokens_equal(token, admin.get_secret_value())):
+        return caller_of(rt, authorization)
+    known, key = rt.keys.answered(token)
+    if not known:
+        return None
+    if key is None:
+        raise HTTPException(401, "unknown or revoked key", headers={"WWW-Authenticate": "Bearer"})
+    return Caller(key=key)
+
+
 CallerDep = Annotated[Caller, Depends(caller)]
 
 
@@ -91,8 +108,8 @@ def bearer_gate(rt: Runtime) -> Gate:
             return None
         authorization = next((v.decode("latin-1") for k, v in scope.get("headers") or () if k == b"authorization"),
                              "")
-        try:
-            who = await run_in_threadpool(caller_of, rt, authorization)
+        try:  # on the event loop when the key cache answers (issue 20), else in a thread
+            who = cached_caller(rt, authorization) or await run_in_threadpool(caller_of, rt, authorization)
         except HTTPException as e:
             return e.status_code, str(e.detail), dict(e.headers or {})
         except Exception:  # noqa: BLE001 - the key store is down: the route itself answers 503

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -69,16 +69,35 @@ REGISTRY.register(INDEX_COLLECTOR)
 def install_metrics(app: FastAPI, rt: Any) -> None:
     """Count and time every request of ``app`` by route template and search mode; attach ``rt`` to the gauges."""
     INDEX_COLLECTOR.rt = rt
+    app.add_middleware(_MetricsMiddleware)
 
-    @app.middleware("http")
-    async def _metrics(request: Request, call_next: Any) -> Any:
+
+class _MetricsMiddleware:
+    """Pure ASGI (issue 20: Starlette's ``BaseHTTPMiddleware`` ran each request through an extra task and memory
+    streams): time from the request to the last body piece sent, status from the response start."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         t0 = time.perf_counter()
-        response = await call_next(request)
-        path = getattr(request.scope.get("route"), "path", "unmatched")
-        mode = request.scope.get("scopekb_mode", "-")
-        LATENCY.labels(path, mode).observe(time.perf_counter() - t0)
-        REQUESTS.labels(path, mode, str(response.status_code)).inc()
-        return response
+        status = [500]
+
+        async def sending(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            path = getattr(scope.get("route"), "path", "unmatched")
+            mode = scope.get("scopekb_mode", "-")
+            LATENCY.labels(path, mode).observe(time.perf_counter() - t0)
+            REQUESTS.labels(path, mode, str(status[0])).inc()
 
 
 def metrics_response() -> PlainTextResponse:

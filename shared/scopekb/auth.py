@@ -99,7 +99,8 @@ def resolve_scope(key: ApiKey, context_id: str | None, cross_context: bool) -> S
     raise ScopeMissing("name a context_id or set cross_context=true")
 
 
-#: Seconds a key lookup is cached; revoking a key through :func:`scopekb.ops.revoke_key` clears the cache at once.
+#: Seconds a key lookup is cached when the keys version cannot be read; revoking a key through
+#: :func:`scopekb.ops.revoke_key` clears the cache at once.
 KEY_CACHE_TTL_S = 30.0
 
 
@@ -108,28 +109,36 @@ class KeyLookup:
 
     Lookups are cached for ``ttl_s`` seconds (``sha256 -> (monotonic time, key)``) so most requests do no store
     I/O; :meth:`forget` empties the cache. With ``version`` (the coordination's keys version, bumped by every
-    revocation) the version is read on every lookup and a change empties the cache first: a revocation made
-    anywhere applies to the next request of every replica (issue 16). If ``version`` fails (Redis unreachable)
-    the cache falls back to ``ttl_s``. ``ttl_s=0`` caches nothing (the embedded profile: SQLite is local).
+    revocation) the version is read at most every ``check_s`` seconds (issue 20: not once per request) and a
+    change empties the cache first: a revocation made anywhere applies on every replica within ``check_s``
+    seconds (issue 16; ``check_s=0`` reads it on every lookup). If ``version`` fails (Redis unreachable) the cache
+    falls back to ``ttl_s``. Without ``version`` (the embedded profile, whose coordination is in-process) ``ttl_s``
+    alone bounds how long a revocation made by another process takes.
     """
 
     def __init__(self, records: Any, ttl_s: float = KEY_CACHE_TTL_S,
-                 version: Callable[[], int] | None = None) -> None:
+                 version: Callable[[], int] | None = None, check_s: float = 0.0) -> None:
         self.records = records
         self.ttl_s = ttl_s
         self.version = version
+        self.check_s = check_s
         self._seen_version: int | None = None
+        self._checked_at = float("-inf")
         self._cache: dict[str, tuple[float, ApiKey | None]] = {}
         self._mu = threading.Lock()
 
     def _follow_version(self) -> None:
         if self.version is None:
             return
+        now = time.monotonic()
+        if now - self._checked_at < self.check_s:
+            return
         try:
             v = self.version()
         except Exception:  # noqa: BLE001 - the version store is down: the TTL bounds staleness instead
             return
         with self._mu:
+            self._checked_at = now
             if v != self._seen_version:
                 self._cache.clear()
                 self._seen_version = v
@@ -152,6 +161,19 @@ class KeyLookup:
         if key is None or key.revoked_at is not None:
             return None
         return key
+
+    def answered(self, token: str) -> tuple[bool, ApiKey | None]:
+        """``(True, key or None)`` when :meth:`__call__` would answer ``token`` from memory (a fresh cache entry
+        and no version read due), else ``(False, None)``: a check without I/O that an event loop may make
+        before handing the lookup to a thread."""
+        if not token or (self.version is not None and time.monotonic() - self._checked_at >= self.check_s):
+            return False, None
+        with self._mu:
+            cached = self._cache.get(hash_key(token))
+        if cached is None or time.monotonic() - cached[0] >= self.ttl_s:
+            return False, None
+        key = cached[1]
+        return True, None if key is None or key.revoked_at is not None else key
 
     def forget(self) -> None:
         """Drop every cached lookup."""

@@ -30,6 +30,7 @@ from scopekb.models import DeadLetter, Job, JobState, KeyCreate, Source, SourceC
 from scopekb.queue import TASK_SYNC_SOURCES
 from scopekb.refs import put_ref_state, ref_states
 from scopekb.runtime import ControlRuntime, Runtime
+from scopekb.search import forget_pinned
 from scopekb.settings import git_cache_dir
 from scopekb.sources import validate_repo_url, webhook_secret_for
 from scopekb.status import source_status
@@ -439,6 +440,7 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
     expires = (now + timedelta(seconds=rt.settings.git.pin_ttl_s)).isoformat()
     put_ref_state(rt.records, src, commit, {"pinned": True, "pinned_at": now.isoformat(), "expires_at": expires,
                                             "job_id": job_id})
+    forget_pinned()  # this process's searches without ref leave the pin's chunks out at once
     enqueue_sync(rt, [src.id], trigger="pin", job_id=job_id, ref=commit, to_commit=commit)
     log.info("commit_pinned", source_id=src.id, commit=commit, job_id=job_id, expires_at=expires)
     return {"status": "pinning", "ref": commit, "source_id": src.id, "job_id": job_id, "expires_at": expires}

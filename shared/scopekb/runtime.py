@@ -213,13 +213,15 @@ class ControlRuntime:
     keys: KeyLookup = field(init=False)
 
     def __post_init__(self) -> None:
-        # Revocation bound (issue 16, docs/security.md): distributed replicas read the keys version per request
-        # (TTL fallback when Redis is down); the embedded profile caches nothing, so a revocation by the CLI
-        # (another process, same SQLite file) applies to the next request.
+        # Revocation bound (issue 16, 20; docs/security.md): ``query.revocation_bound_s``. Distributed replicas read
+        # the keys version at most that often (TTL fallback when Redis is down); the embedded profile (in-process
+        # coordination) caches lookups that long, so a revocation by the CLI in another process applies within it.
+        # The revoking process applies it at once (ops.revoke_key forgets the cache).
+        bound = self.settings.query.revocation_bound_s
         if self.profile == "embedded":
-            self.keys = KeyLookup(self.records, ttl_s=0)
+            self.keys = KeyLookup(self.records, ttl_s=bound)
         else:
-            self.keys = KeyLookup(self.records, version=self.coord.keys_version)
+            self.keys = KeyLookup(self.records, version=self.coord.keys_version, check_s=bound)
 
 
 @dataclass(kw_only=True)

@@ -5,6 +5,7 @@ The caller (query service, CLI) resolves the :class:`ScopeFilter` from a credent
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,7 +44,8 @@ from scopekb.textsearch import LinePattern
 QueryEmbedder = Callable[[str], Sequence[float]]
 
 
-__all__ = ["QueryEmbedder", "SearchUnavailable", "best_mode", "group_by_file", "render_text", "run_search"]
+__all__ = ["QueryEmbedder", "SearchUnavailable", "best_mode", "forget_pinned", "group_by_file", "render_text",
+           "run_search"]
 
 
 class SearchUnavailable(Refused, ValueError):
@@ -57,14 +59,43 @@ def best_mode(store: ChunkStore, embed: QueryEmbedder | None) -> SearchMode:
     return SearchMode.hybrid if embed is not None and store.dimension else SearchMode.keyword
 
 
-def _pinned_refs(records: Any, scope: ScopeFilter) -> tuple[str, ...]:
+#: (id of the record store, agent, contexts) -> (monotonic time read, pinned refs); see :func:`_pinned_refs`.
+_PINNED: dict[tuple[int, str, tuple[str, ...] | None], tuple[float, tuple[str, ...]]] = {}
+_PINNED_LOCK = threading.Lock()
+
+
+def forget_pinned() -> None:
+    """Drop this process's cached pinned refs (:func:`scopekb.ops.pin_commit` calls it after writing a pin)."""
+    with _PINNED_LOCK:
+        _PINNED.clear()
+
+
+def _pinned_refs(records: Any, scope: ScopeFilter, max_age_s: float) -> tuple[str, ...]:
     """The temporary pinned refs (commit ids) of the scope's sources, sorted: a search without ``ref`` leaves out
-    chunks that only they hold."""
+    chunks that only they hold.
+
+    Read from the sources' ref states (one source list and one state read per source), cached per record store and
+    scope for ``max_age_s`` seconds (``query.revocation_bound_s``; issue 20: a search does no record I/O for it).
+    A pin written by this process clears the cache at once (:func:`forget_pinned`); one written by another
+    process or replica is seen within ``max_age_s`` - its chunks are written by the sync its job starts after the
+    pin record is written, so a search can only miss it when that sync finishes within ``max_age_s``.
+    """
+    key = (id(records), scope.agent_name, scope.context_ids)
+    now = time.monotonic()
+    with _PINNED_LOCK:
+        hit = _PINNED.get(key)
+    if hit is not None and now - hit[0] < max_age_s:
+        return hit[1]
     out: set[str] = set()
     for src in records.list_sources(agent_name=scope.agent_name):
         if scope.context_ids is None or src.context_id in scope.context_ids:
             out.update(n for n, st in ref_states(records, src).items() if st.get("pinned"))
-    return tuple(sorted(out))
+    pinned = tuple(sorted(out))
+    with _PINNED_LOCK:
+        if len(_PINNED) > 10_000:
+            _PINNED.clear()
+        _PINNED[key] = (now, pinned)
+    return pinned
 
 
 def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: QuerySettings,
@@ -106,7 +137,7 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     ref = refs.resolve(req.ref) if refs is not None and req.ref else req.ref
     meta = tuple((k, tuple(dict.fromkeys(F.metadata_text(x) for x in (v if isinstance(v, list) else [v]))))
                  for k, v in sorted(req.metadata.items()))
-    pinned = _pinned_refs(records, scope) if not ref and records is not None else ()
+    pinned = _pinned_refs(records, scope, cfg.revocation_bound_s) if not ref and records is not None else ()
     flt = SearchFilter(scope=scope, source_id=req.source_id, repo=req.repo, ref=ref, pinned=pinned,
                        languages=tuple(req.languages), file_patterns=tuple(req.file_patterns), metadata=meta)
     grouped = req.group_by == "file"
@@ -146,9 +177,15 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
                                 "keyword-only (use mode 'keyword')")
     vh: list[RawHit] = []
     kw: list[RawHit] = []
+    both = getattr(store, "hybrid_search", None) if req.mode == SearchMode.hybrid else None
+    kw_done = False
     if req.mode != SearchMode.keyword:
         try:
-            vh = store.vector_search(embed(req.query), flt, depth if req.mode == SearchMode.hybrid else size)
+            if both is not None:  # one round trip for both lists (issue 20)
+                kw, vh = both(req.query, embed(req.query), flt, depth, depth)
+                kw_done = True
+            else:
+                vh = store.vector_search(embed(req.query), flt, depth if req.mode == SearchMode.hybrid else size)
         except StoreVersionMismatch as e:  # the alias moved to another model mid-flight: answer by keyword
             notice = f"vector search unavailable ({e}); answered by keyword"
     kw_norm: dict[str, float] = {}
@@ -164,7 +201,8 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
             ranked = [(i, min(1.0, max(0.0, s))) for i, s, _ in vh]
             how = "vector"
         else:
-            kw = store.keyword_search(req.query, flt, depth)
+            if not kw_done:
+                kw = store.keyword_search(req.query, flt, depth)
             docs.update({i: d for i, _, d in kw})
             kw_list, vec_list = [(i, s) for i, s, _ in kw], [(i, s) for i, s, _ in vh]
             kw_norm = scoring.min_max(kw_list)

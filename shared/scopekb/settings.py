@@ -232,6 +232,10 @@ class QuerySettings(BaseModel):
     regex_max_mem: int = Field(default=1 << 20, ge=1 << 16, le=1 << 26)
     #: symbol search: candidate chunks examined per request at most.
     symbol_scan_max: int = Field(default=2_000, ge=100, le=100_000)
+    #: Seconds within which a key revocation (and a new pinned commit) made by another process or replica applies
+    #: (issue 20): the keys version is read at most this often, the embedded profile's key lookups and every
+    #: scope's pinned refs are cached this long. The process that revokes (or pins) applies it at once.
+    revocation_bound_s: float = Field(default=1.0, ge=0, le=30)
 
     def regex_limits(self) -> RegexLimits:
         """The regex bounds as :class:`scopekb.textsearch.RegexLimits`."""

@@ -1,11 +1,12 @@
 """Issue 16 on both profiles, in-process (embedded: SQLite + in-memory coordination; distributed: real OpenSearch
-and Redis): revocation applies to every replica on its next request; every JSON route answers ``[`` × 1000 with
+and Redis): revocation applies to every replica within the stated bound; every JSON route answers ``[`` × 1000 with
 400; pathological patterns get 400 naming the limit; a generated webhook secret is shown once and unsigned
 deliveries change nothing; security headers on every answer. Real processes: tests/e2e/test_hostile_callers.py.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,14 +52,19 @@ def _admin() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN}"}
 
 
-def test_revocation_applies_to_every_replica_on_its_next_request(apps: dict[str, Any]) -> None:
+def test_revocation_applies_to_every_replica_within_the_stated_bound(apps: dict[str, Any]) -> None:
+    """docs/security.md: the revoking replica refuses the key on its next request; every other replica within
+    ``query.revocation_bound_s`` (issue 20: the keys version is read at most that often, not per request)."""
     key = apps["a"].post("/v1/keys", json={"agent_name": "rev", "context_ids": ["c"]}, headers=_admin()).json()
     auth = {"Authorization": f"Bearer {key['key']}"}
     for c in (apps["a"], apps["b"]):  # both replicas have the live key cached now
         assert c.post("/v1/search", json={"query": "x"}, headers=auth).status_code == 200
     assert apps["a"].delete(f"/v1/keys/{key['id']}", headers=_admin()).status_code == 200
-    # The bound (docs/security.md): the next request on any replica, REST and MCP alike.
-    for c in (apps["b"], apps["a"]):
+    revoked_at = time.monotonic()
+    bound = Settings().query.revocation_bound_s
+    for c in (apps["a"], apps["b"]):
+        if c is apps["b"]:  # the other replica: once the bound has passed since the revocation
+            time.sleep(max(0.0, revoked_at + bound - time.monotonic()) + 0.05)
         assert c.post("/v1/search", json={"query": "x"}, headers=auth).status_code == 401
         r = c.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
                    headers={**auth, "Accept": "application/json, text/event-stream"})

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic_core import PydanticSerializationError
 
 from scopekb import ops
 from scopekb.auth import resolve_scope
+from scopekb.http.unicode import SafeJSONResponse
 from scopekb.models import SearchRequest, SearchResponse
 from scopekb.refs import CommitNotIndexed
 from scopekb.search import render_text, run_search
@@ -37,4 +39,15 @@ def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt,
         return JSONResponse(ops.pin_commit(rt, scope, e.commit, req.source_id, req.repo), status_code=202)
     if format == "text":
         return PlainTextResponse(render_text(resp, req.max_tokens, rt.counter))
-    return resp
+    return json_answer(resp)
+
+
+def json_answer(resp: SearchResponse) -> Response:
+    """``resp`` as JSON, serialised once by pydantic's encoder (issue 20: FastAPI would validate the returned
+    model against ``response_model`` again, turn it into plain data and ``json.dumps`` that; the same bytes
+    either way). Text pydantic cannot encode (a lone surrogate) is answered the default way
+    (:class:`scopekb.http.unicode.SafeJSONResponse`)."""
+    try:
+        return Response(resp.model_dump_json(), media_type="application/json")
+    except PydanticSerializationError:
+        return SafeJSONResponse(resp.model_dump(mode="json"))
