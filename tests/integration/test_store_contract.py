@@ -428,6 +428,21 @@ def test_vector_mode_scores_and_exact_match(corpus: ChunkStore) -> None:
     assert [h.path for h in high.hits][:1] == ["docs/guide.md"] and all(h.score >= 0.9 for h in high.hits)
 
 
+def test_hybrid_search_is_both_lists_in_one_call(corpus: ChunkStore) -> None:
+    """OpenSearch answers hybrid with one ``_msearch`` (issue 20): the same two lists as the separate calls."""
+    both = getattr(corpus, "hybrid_search", None)
+    if both is None:  # SQLite: the two lists come from the two calls, nothing to compare
+        return
+    vec = doc_of(0, "src/pkg/timeutil.py")[F.EMBEDDING]
+    flt = SearchFilter(scope=scope(0))
+    kw, vh = both("parse_rfc3339 guide", vec, flt, 7, 5)
+    assert [h[0] for h in kw] == [h[0] for h in corpus.keyword_search("parse_rfc3339 guide", flt, 7)] and kw
+    assert [h[0] for h in vh] == [h[0] for h in corpus.vector_search(vec, flt, 5)] and len(vh) == 5
+    assert [s for _, s, _ in kw] == pytest.approx([s for _, s, _ in corpus.keyword_search("parse_rfc3339 guide",
+                                                                                          flt, 7)])
+    assert all(F.EMBEDDING not in d for _, _, d in kw + vh)
+
+
 def test_hybrid_mode_scores_and_edge_cases(corpus: ChunkStore) -> None:
     target = doc_of(0, "src/pkg/timeutil.py")
     emb = embedder({"parse_rfc3339": target[F.EMBEDDING]})

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from scopekb.embedding.base import EmbeddingConfigError, EmbedResult, Vector, is_blank
+from scopekb.embedding.batching import MicroBatcher
 from scopekb.logging import get_logger
 from scopekb.settings import EmbeddingSettings
 
@@ -289,6 +290,8 @@ class LocalEmbedder:
         self.model_id = model_id or default_model_id(model_path, backend)
         self._pieces = WordPieces(path)
         self._lock = threading.Lock()
+        # concurrent embed_query calls share forward passes (issue 20) instead of queueing one pass each
+        self._queries = MicroBatcher(lambda seqs: list(self._forward(seqs, threads=1)))
         self._runner: Any
         if backend == "torch":
             self._runner = TorchRunner(path, device, self.threads)
@@ -386,19 +389,22 @@ class LocalEmbedder:
         return EmbedResult(vectors=vectors, token_counts=token_counts, errors=errors, total_tokens=total)
 
     def embed_query(self, text: str) -> Vector:
-        """One query vector (384 floats for the packaged model): one tokenization, one forward pass of one
-        unpadded sequence on one intra-op thread, no batching.
+        """One query vector (384 floats for the packaged model): one tokenization, one forward pass on one
+        intra-op thread (alone unpadded; shared with concurrent queries, see below).
 
         One thread because a short sequence gains little from intra-op parallelism and loses a lot when a
         thread of the pool waits for a core (on the loaded 2-core bench machine a torch query took 1.9 s p50 with
         two threads and 65-210 ms with one; ONNX Runtime 40 ms and 14 ms).
+
+        Queries asked for while a forward pass runs go through the next pass together
+        (:class:`scopekb.embedding.batching.MicroBatcher`, at most 32 a pass), each padded to the longest.
 
         Raises:
             ValueError: ``text`` is blank.
         """
         if is_blank(text):
             raise ValueError("cannot embed a blank query")
-        return self._forward([self._pieces.one(text)], threads=1)[0].tolist()
+        return self._queries(self._pieces.one(text)).tolist()  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Nothing to release: the model stays loaded for other embedders of this process."""

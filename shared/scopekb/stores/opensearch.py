@@ -73,6 +73,11 @@ _BULK_PARAMS = {"timeout": "20s", "request_timeout": 30}
 _WHOLE_RESULTS = {"allow_partial_search_results": "false"}
 
 
+def _raw_hits(res: dict[str, Any]) -> list[RawHit]:
+    """``(doc id, score, _source)`` of a search response's hits, in order."""
+    return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]
+
+
 def cluster_problem(client: OpenSearch, index: str | None = None, timeout_s: float = 2.0) -> str | None:
     """Why the cluster cannot serve now, in one line, or None when it can (green or yellow).
 
@@ -814,7 +819,18 @@ class OpenSearchChunkStore:
         docs/benchmarks.md). Returns ``(doc id, raw BM25 score, _source)`` best first; ties are broken by
         content sha, chunk index and path so pages are stable.
         """
-        body = {
+        try:
+            res = self.client.search(index=self.alias, body=self._keyword_body(query, flt, size, offset),
+                                     params=_WHOLE_RESULTS)
+        except NotFoundError:
+            return []
+        except TransportError as e:
+            raise self._search_failure(e) from e
+        return _raw_hits(res)
+
+    @staticmethod
+    def _keyword_body(query: str, flt: SearchFilter, size: int, offset: int = 0) -> dict[str, Any]:
+        return {
             "size": size, "from": offset,
             "query": {"bool": {"filter": filter_clauses(flt), "must": [{"multi_match": {
                 "query": query, **F.KEYWORD_MATCH}}]}},
@@ -823,13 +839,6 @@ class OpenSearchChunkStore:
             "track_scores": True,
             "_source": {"excludes": [F.EMBEDDING]},
         }
-        try:
-            res = self.client.search(index=self.alias, body=body, params=_WHOLE_RESULTS)
-        except NotFoundError:
-            return []
-        except TransportError as e:
-            raise self._search_failure(e) from e
-        return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]
 
     def vector_search(self, vector: Sequence[float], flt: SearchFilter, k: int) -> list[RawHit]:
         """kNN (lucene hnsw, cosinesimil) with the filters inside the ``knn`` clause, so k hits come back when
@@ -842,6 +851,24 @@ class OpenSearchChunkStore:
         """
         if not self.dimension:
             return []
+        try:
+            res = self.client.search(index=self.alias, body=self._vector_body(vector, flt, k), params=_WHOLE_RESULTS)
+        except NotFoundError:
+            return []
+        except RequestError as e:
+            raise self._vector_failure(e) from e
+        except TransportError as e:
+            raise self._search_failure(e) from e
+        return _raw_hits(res)
+
+    def _vector_failure(self, e: RequestError) -> Exception:
+        if "dimension" in str(e.info).lower():
+            return IndexVersionMismatch(
+                f"the index behind {self.alias!r} was rebuilt for another embedding model; restart this "
+                "process with the new model settings")
+        return self._search_failure(e)
+
+    def _vector_body(self, vector: Sequence[float], flt: SearchFilter, k: int) -> dict[str, Any]:
         depth = max(4 * k, 40) if self.encoder == "sq" else k
         body: dict[str, Any] = {"size": k, "query": {"knn": {F.EMBEDDING: {
             "vector": list(vector), "k": depth, "filter": {"bool": {"filter": filter_clauses(flt)}},
@@ -854,19 +881,37 @@ class OpenSearchChunkStore:
                     "query": {"match_all": {}},
                     "script": {"source": "knn_score", "lang": "knn", "params": {
                         "field": F.EMBEDDING, "query_value": list(vector), "space_type": "cosinesimil"}}}}}}
+        return body
+
+    def hybrid_search(self, query: str, vector: Sequence[float], flt: SearchFilter, size: int, k: int
+                      ) -> tuple[list[RawHit], list[RawHit]]:
+        """:meth:`keyword_search` (``size``) and :meth:`vector_search` (``k``) in one round trip (``_msearch``,
+        issue 20): ``(keyword hits, vector hits)``, each as its method returns them. Raises what they raise."""
+        if not self.dimension:
+            return self.keyword_search(query, flt, size), []
+        head = {"index": self.alias, "allow_partial_search_results": False}
+        body = [head, self._keyword_body(query, flt, size), head, self._vector_body(vector, flt, k)]
         try:
-            res = self.client.search(index=self.alias, body=body, params=_WHOLE_RESULTS)
+            res = self.client.msearch(body=body)
         except NotFoundError:
-            return []
-        except RequestError as e:
-            if "dimension" in str(e.info).lower():
-                raise IndexVersionMismatch(
-                    f"the index behind {self.alias!r} was rebuilt for another embedding model; restart this "
-                    "process with the new model settings") from None
-            raise self._search_failure(e) from e
+            return [], []
         except TransportError as e:
             raise self._search_failure(e) from e
-        return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]
+        out: list[list[RawHit]] = []
+        for item in res["responses"]:
+            err = item.get("error")
+            if err is not None:
+                status = int(item.get("status") or 500)
+                if status == 404:
+                    out.append([])
+                    continue
+                exc_type = RequestError if status == 400 else TransportError
+                e = exc_type(status, str(err.get("type") if isinstance(err, dict) else err), err)
+                if len(out) == 1 and isinstance(e, RequestError):
+                    raise self._vector_failure(e) from e
+                raise self._search_failure(e) from e
+            out.append(_raw_hits(item))
+        return out[0], out[1]
 
     def literal_candidates(self, lq: LiteralQuery, flt: SearchFilter, limit: int) -> Iterator[RawHit]:
         """Chunks within ``flt`` whose ``content.wc`` (a ``wildcard`` field: 3-gram index, values verified by
