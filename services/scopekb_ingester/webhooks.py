@@ -213,6 +213,12 @@ def _eligible(ing: Ingester, provider: str, prov: Provider, parsed: Parsed, raw:
     sig = prov.header(headers, prov.signature_headers)
     # Only webhook-driven sources with a secret take part (issue 16): an unsigned delivery changes nothing.
     eligible, refusal = delivery_targets(found, lambda secrets: prov.verify(secrets, raw, sig))
+    if not eligible:  # a secret rotated a moment ago may not be cached yet: look once more (at most once a second)
+        fresh = _sources(ing, provider, force=True)
+        if isinstance(fresh, JSONResponse):
+            return fresh
+        found = _candidates(fresh, parsed) or found
+        eligible, refusal = delivery_targets(found, lambda secrets: prov.verify(secrets, raw, sig))
     if refusal == 404:
         log.info("webhook_refused_not_webhook_driven", repository=repo.full_name)
         return _err(404, "not found", provider, "not_webhook_driven")
