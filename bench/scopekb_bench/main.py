@@ -47,6 +47,7 @@ from scopekb.stores.base import ScopeFilter
 from scopekb.stores.opensearch import OpenSearchChunkStore
 from scopekb_bench import (
     answers,
+    concurrency,
     corpus,
     docs,
     embedded,
@@ -415,7 +416,8 @@ def _model_stack(c: Ctx, st: Stack) -> None:
             s = sums[mode]
             for p in ("p50", "p95"):
                 res.add("query", f"query.{mode}.{p}", f"{mode}: service {p} latency", s["service"][p] * 1000,
-                        s["raw"][p] * 1000, "ms", raw_label, better="lower")
+                        s["raw"][p] * 1000, "ms", raw_label, better="lower",
+                        target="≤ 1.2" if (mode, p) == ("keyword", "p50") else "")
             res.add("query", f"query.{mode}.rps", f"{mode}: requests/s (8 in flight)", tp[mode]["service"],
                     tp[mode]["raw"], "req/s", "the raw OpenSearch request(s), 8 in flight")
         res.add("query", "query.hybrid_over_keyword.p50", "hybrid ÷ keyword: service p50 latency",
@@ -424,6 +426,15 @@ def _model_stack(c: Ctx, st: Stack) -> None:
                 note=f"bare query embedding p50 {summary(embed_times)['p50'] * 1000:.1f} ms")
         res.series["query"] = {"latency_summary": sums, "throughput": tp, "latencies": lat,
                                "embed_query_seconds": summary(embed_times)}
+        t = concurrency.table(st.query_url, key, "eval", queries, ("keyword", "hybrid"), c.profile.query_n)
+        _concurrency_metrics(res, "distributed", "distributed query service", t)
+
+    with phase(res, "concurrency embedded"):
+        queries = [p["query"] for p in quality.sample(ev.pairs, max(c.profile.query_n, 10), seed=23)]
+        e = concurrency.embedded_up(c.workdir, c.logs, bare, ev.releases[-1], queries, ("keyword", "hybrid"),
+                                    c.profile.query_n, embed_cache=sets.EMBED_CACHE)
+        log(f"embedded up: {e['chunks']} chunks indexed in {e['index_seconds']:.1f} s")
+        _concurrency_metrics(res, "embedded", "embedded scopekb up", e["table"])
 
     with phase(res, "webhook latency"):
         env = stack_env(c.endpoints, c.run_id, "model", c.workdir, "local", c.token,
@@ -433,7 +444,7 @@ def _model_stack(c: Ctx, st: Stack) -> None:
         for p in ("p50", "p99"):
             res.add("webhook", f"webhook.{p}", f"ingester push webhook: {p} latency (16 in flight)", sk[p] * 1000,
                     base[p] * 1000, "ms", "bare FastAPI endpoint that reads the body and answers 202",
-                    better="lower")
+                    better="lower", target="≤ 1.3" if p == "p50" else "")
         res.add("webhook", "webhook.rps", "ingester push webhook: requests/s (16 in flight)", w["scopekb"]["rps"],
                 w["bare"]["rps"], "req/s", "bare FastAPI endpoint",
                 note=f"{w['requests_each']} requests each; non-202 answers: scopekb {w['scopekb']['non_202']}, "
@@ -460,6 +471,22 @@ def _model_stack(c: Ctx, st: Stack) -> None:
                                        f"bench-{c.run_id}-model-resync", key, "eval", probe=ev.edit.marker,
                                        probe_in_content=ev.edit.marker)
         _unchanged_resync(res, "local_model", "evaluation corpus", again, full)
+
+
+def _concurrency_metrics(res: Results, profile: str, label: str, t: dict[str, list[dict[str, Any]]]) -> None:
+    """The concurrency acceptance ratios of issue 20 (:func:`scopekb_bench.concurrency.verdicts`) and the table."""
+    res.series[f"concurrency_{profile}"] = t
+    v = concurrency.verdicts(t)
+    if "keyword_rps_32_over_8" in v:
+        a, b = v["keyword_rps_32_over_8"]
+        res.add("concurrency", f"concurrency.{profile}.keyword_rps_32_over_8",
+                f"{label}: keyword requests/s with 32 in flight", a, b, "req/s", "keyword requests/s with 8 in flight",
+                target="≥ 0.8")
+    if "hybrid_p95_32_over_p50_1" in v:
+        a, b = v["hybrid_p95_32_over_p50_1"]
+        res.add("concurrency", f"concurrency.{profile}.hybrid_p95_32_over_p50_1",
+                f"{label}: hybrid p95 with 32 in flight", a * 1000, b * 1000, "ms",
+                "hybrid p50 with one request in flight", better="lower", target="≤ 32")
 
 
 def _sets(c: Ctx) -> None:
@@ -502,6 +529,7 @@ def _embedded(c: Ctx) -> None:
         c.res.add("embedded", f"embedded.keyword_search.{p}", f"embedded keyword search {p} (run_search on SQLite)",
                   lat["embedded"][p] * 1000, lat["distributed"][p] * 1000, "ms",
                   "run_search on the OpenSearch store of the distributed path, same queries", better="lower",
+                  target="≤ 2" if p == "p50" else "",
                   note=f"{e['queries']} docstring queries of {pkg}" if p == "p50" else "")
     c.res.series["embedded"] = e
 
@@ -639,6 +667,8 @@ EXPECTED = [
     *[f"query.{m}.{p}" for m in ("keyword", "vector", "hybrid") for p in ("p50", "p95", "rps")],
     "query.hybrid_over_keyword.p50",
     "webhook.p50", "webhook.p99", "webhook.rps",
+    *[f"concurrency.{p}.{k}" for p in ("distributed", "embedded")
+      for k in ("keyword_rps_32_over_8", "hybrid_p95_32_over_p50_1")],
     *[f"quality.{m}.{k}" for m in ("keyword", "vector", "hybrid", "rrf")
       for k in ("ndcg10", "mrr10", "recall1", "recall10")],
     "quality.ann_recall_at_10", "quality.grouped.ndcg10", "quality.mcp_answer_tokens.p50",
@@ -670,7 +700,9 @@ OUTCOMES: list[tuple[str, str, Callable[[Metric], bool]]] = [
 #: Metrics added after the committed full run (bench/report/results.json) was made: every new run must produce them,
 #: the committed run predates them (``check(res, since_committed=False)``). Empty again once the report is re-run.
 ADDED_SINCE_COMMITTED_RUN = frozenset({"quality.grouped.ndcg10", "quality.mcp_answer_tokens.p50",
-                                       "textsearch.exact.p50", "textsearch.symbol.p50"})
+                                       "textsearch.exact.p50", "textsearch.symbol.p50",
+                                       *[f"concurrency.{p}.{k}" for p in ("distributed", "embedded")
+                                         for k in ("keyword_rps_32_over_8", "hybrid_p95_32_over_p50_1")]})
 
 
 def check(res: Results, since_committed: bool = True) -> list[str]:

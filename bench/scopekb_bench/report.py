@@ -234,6 +234,17 @@ def markdown(data: dict[str, Any], plots: list[tuple[str, str]]) -> str:
                   "|---|---:|" + "---:|" * len(QUALITY_MODES)]
         for proj, v in q["projects"].items():
             lines.append(f"| {proj} | {v['n']} | " + " | ".join(f"{v[m]['ndcg10']:.3f}" for m in QUALITY_MODES) + " |")
+    conc = {k: v for k, v in (("distributed query service", data["series"].get("concurrency_distributed")),
+                              ("embedded (scopekb up)", data["series"].get("concurrency_embedded"))) if v}
+    if conc:
+        lines += ["", "## Concurrent searches", "", "Requests in flight through `POST /v1/search` (asyncio + httpx, "
+                  "one connection each); latency per request, requests/s over the level's wall time.", "",
+                  "| profile | mode | in flight | requests/s | p50 ms | p95 ms | non-200 |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for name, t in conc.items():
+            for mode, rows in t.items():
+                lines += [f"| {name} | {mode} | {r['in_flight']} | {r['rps']:.1f} | {r['p50'] * 1000:.1f} | "
+                          f"{r['p95'] * 1000:.1f} | {r['non_200']} |" for r in rows]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{title}]({name})" for name, title in plots]
     lines += ["", "## How it was measured", ""] + [f"- {n}" for n in data["notes"]]
