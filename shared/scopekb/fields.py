@@ -175,10 +175,18 @@ def def_fields(defs: list[dict[str, Any]] | None, symbol: str | None = None, kin
         if symbol and kind and kind not in _NOT_DEFS:
             defs = [{"name": symbol.rsplit(".", 1)[-1], "path": symbol, "kind": kind, "signature": signature,
                      "line": start_line}]
-    return {DEFS: defs,
-            DEF_NAMES: list(dict.fromkeys(str(d.get("name") or "").lower() for d in defs if d.get("name"))),
-            DEF_PATHS: list(dict.fromkeys(str(d.get("path") or "").lower() for d in defs if d.get("path"))),
-            DEF_KINDS: list(dict.fromkeys(str(d.get("kind") or "") for d in defs if d.get("kind")))}
+    names: dict[str, None] = {}
+    paths: dict[str, None] = {}
+    kinds: dict[str, None] = {}
+    for d in defs:  # one pass (issue 20: this runs for every chunk a sync writes)
+        name, qual, kind = d.get("name"), d.get("path"), d.get("kind")
+        if name:
+            names[str(name).lower()] = None
+        if qual:
+            paths[str(qual).lower()] = None
+        if kind:
+            kinds[str(kind)] = None
+    return {DEFS: defs, DEF_NAMES: list(names), DEF_PATHS: list(paths), DEF_KINDS: list(kinds)}
 
 
 def metadata_text(value: Any) -> str:

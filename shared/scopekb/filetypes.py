@@ -8,6 +8,7 @@ from __future__ import annotations
 import codecs
 import fnmatch
 import posixpath
+import re
 from collections.abc import Sequence
 
 from scopekb.patterns import CEILING, PatternRefused, compile_glob
@@ -99,6 +100,9 @@ SNIFF_BYTES = 8192
 #: and escape) above which valid UTF-8 is still not text (e.g. random bytes 0x01-0x7F).
 MAX_CONTROL_SHARE = 0.10
 _TEXT_CONTROLS = frozenset("\t\n\r\f\v\b\x1b")
+#: The C0 control characters not in :data:`_TEXT_CONTROLS` (U+0000-U+001F less tab, LF, VT, FF, CR, BS, ESC).
+_CONTROL_CHARS = re.compile("[" + "".join(re.escape(chr(c)) for c in range(32)
+                                          if chr(c) not in _TEXT_CONTROLS) + "]")
 #: On a tie between equally plausible single-byte encodings, Windows-1252 is chosen (the WHATWG Encoding
 #: Standard's label for legacy Western text, a superset of Latin-1's printable range).
 _PREFERRED_LEGACY = ("cp1252", "latin_1")
@@ -113,7 +117,8 @@ def _utf8(data: bytes) -> str | None:
 
 def _too_many_controls(text: str) -> bool:
     sample = text[:SNIFF_BYTES]
-    n = sum(1 for c in sample if c < " " and c not in _TEXT_CONTROLS)
+    # one regex scan in C (issue 20: a Python loop over the characters cost seconds per django sync, twice)
+    n = len(_CONTROL_CHARS.findall(sample))
     return n > MAX_CONTROL_SHARE * max(len(sample), 1)
 
 

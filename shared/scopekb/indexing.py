@@ -695,22 +695,28 @@ KEEP_IN_MEMORY_BYTES = 256 * 1024 * 1024
 def _read_and_store(deps: SyncDeps, mirror: Mirror | ObjectPrefix | FolderPrefix, tree: dict[str, TreeEntry],
                     paths: list[str], job: Job, progress: Progress | None, uploads: BlobUploads,
                     held: frozenset[str] = frozenset()) -> dict[str, _Prepared]:
-    """Classify and read each path once; start putting text blobs in the blob store (concurrently, through
-    ``uploads``) unless ``held`` says the index already holds that blob (content-addressed: it was stored when
-    those chunks were written). Returns path → outcome; up to :data:`KEEP_IN_MEMORY_BYTES` of text stay in the
-    outcomes so chunking reads them straight from the git reader."""
+    """Classify and read each path once; put text blobs in the blob store (concurrently, through ``uploads``)
+    unless ``held`` says the index already holds that blob (content-addressed: it was stored when those chunks
+    were written). Returns path → outcome; up to :data:`KEEP_IN_MEMORY_BYTES` of text stay in the outcomes so
+    chunking reads them straight from the git reader.
+
+    Issue 20: git blobs come through one pipelined ``git cat-file --batch`` stream (:meth:`Mirror.read_blobs`),
+    and the puts of blobs kept in memory start only once every blob is read (they run while the sync chunks and
+    writes; each batch waits for its own blobs before its chunks are written), so the upload threads do not
+    compete with the read loop for the interpreter. A blob not kept in memory is put at once (its bytes go).
+    Object-store documents are read one by one with their metadata (each object has its own).
+    """
     s = deps.settings
     documents = isinstance(mirror, (ObjectPrefix, FolderPrefix))
-    vendored = frozenset() if documents else _vendored_paths(mirror, tree)
+    vendored = frozenset() if documents else _vendored_paths(mirror, tree)  # type: ignore[arg-type]
     out: dict[str, _Prepared] = {}
-    seen: dict[str, tuple[str | None, bytes | None]] = {}  # blob sha -> (skip reason, bytes kept in memory)
-    kept = 0
-    for n, path in enumerate(paths, 1):
+    path_reason: dict[str, str | None] = {}
+    to_read: dict[str, None] = {}  # git blob shas to read, in the order of their first path
+    for path in paths:
         e = tree.get(path)
         if e is None:  # deleted between diff and tree listing cannot happen for one commit; be safe
             continue
         reason = None
-        data: bytes | None = None
         if e.mode == MODE_GITLINK:
             reason = filetypes.SKIP_SUBMODULE
         elif e.mode == MODE_SYMLINK:
@@ -721,36 +727,59 @@ def _read_and_store(deps: SyncDeps, mirror: Mirror | ObjectPrefix | FolderPrefix
                 reason = filetypes.SKIP_TOO_LARGE
         if reason is None and documents and not path.lower().endswith(DOCUMENT_SUFFIXES):
             reason = SKIP_UNSUPPORTED
-        meta: dict[str, str] = {}
-        if reason is None and e.sha in seen and not documents:  # documents: each object has its own metadata
-            reason, data = seen[e.sha]
-        elif reason is None:
-            if documents:
-                data, meta = mirror.read_document(path, e.sha)  # type: ignore[union-attr]
-            else:
-                data = mirror.read_blob(e.sha)
-            if documents:
-                try:
-                    data = to_text(path, data) or data
-                except DocumentError as err:
-                    reason = SKIP_UNREADABLE
-                    job.errors.append(f"{path}: {err}")
-            reason = reason or filetypes.content_skip_reason(data)
-            if reason is None:
-                if e.sha not in held:
-                    uploads.put(blob_key(e.sha), data)
-                if kept + len(data) > KEEP_IN_MEMORY_BYTES:
-                    data = None
+        path_reason[path] = reason
+        if reason is None and not documents:
+            to_read[e.sha] = None
+    blobs = mirror.read_blobs(list(to_read)) if isinstance(mirror, Mirror) else iter(())
+    seen: dict[str, tuple[str | None, bytes | None]] = {}  # blob sha -> (skip reason, bytes kept in memory)
+    later: list[tuple[str, bytes]] = []  # puts started after the read loop
+    kept = 0
+    try:
+        for n, path in enumerate(paths, 1):
+            if path not in path_reason:
+                continue
+            e = tree[path]
+            reason = path_reason[path]
+            data: bytes | None = None
+            meta: dict[str, str] = {}
+            if reason is None and e.sha in seen and not documents:  # documents: each object has its own metadata
+                reason, data = seen[e.sha]
+            elif reason is None:
+                if documents:
+                    data, meta = mirror.read_document(path, e.sha)  # type: ignore[union-attr]
+                    try:
+                        data = to_text(path, data) or data
+                    except DocumentError as err:
+                        reason = SKIP_UNREADABLE
+                        job.errors.append(f"{path}: {err}")
                 else:
-                    kept += len(data)
-            else:
-                data = None
-            seen[e.sha] = (reason, data)
-        out[path] = _Prepared(entry=e, skip=reason, data=data, meta=meta)
-        if reason:
-            job.files_skipped[reason] = job.files_skipped.get(reason, 0) + 1
-        if progress:
-            progress("read", n, len(paths))
+                    sha, data = next(blobs)  # one stream, in the order of each blob's first path
+                    if sha != e.sha:
+                        raise SyncError(f"blob stream out of order at {path!r}: {sha} for {e.sha}")
+                reason = reason or filetypes.content_skip_reason(data)
+                if reason is None:
+                    if kept + len(data) > KEEP_IN_MEMORY_BYTES:
+                        if e.sha not in held:
+                            uploads.put(blob_key(e.sha), data)
+                        data = None
+                    else:
+                        kept += len(data)
+                        if e.sha not in held:
+                            later.append((blob_key(e.sha), data))
+                else:
+                    data = None
+                seen[e.sha] = (reason, data)
+            out[path] = _Prepared(entry=e, skip=reason, data=data, meta=meta)
+            if reason:
+                job.files_skipped[reason] = job.files_skipped.get(reason, 0) + 1
+            if progress:
+                progress("read", n, len(paths))
+    finally:
+        close = getattr(blobs, "close", None)
+        if close is not None:
+            close()
+    for key, data in later:
+        uploads.put(key, data)
     return out
 
 
@@ -796,6 +825,10 @@ def _index_batches(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[
     all_paths = sorted(set().union(*index_sets.values()))
     group = sorted(index_sets)
     crash = _test_crash_paths()
+    # Issue 20: when no other ref of these sources has a sync state (no branch, tag or pin indexed besides this
+    # one), every stored chunk of theirs holds this ref at most, so no chunk can join it by a membership update:
+    # the per-batch lookup of the ids (`_link_shared`) is skipped (on a first full sync it finds nothing).
+    alone = all(set(_ref_states(deps, plan.source)) <= {ref or plan.source.ref} for plan in plans)
     done = 0
     pending: Future[None] | None = None
     for i in range(0, len(all_paths), s.worker.batch_files):
@@ -828,7 +861,7 @@ def _index_batches(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[
         # Stable ids (issue 20): per (source, path), the new chunks' ids against what the index holds; only the
         # ids it lacks are embedded and written, only the vanished ones deleted.
         writes, vanished = _changes(deps, plans, index_sets, per_path, failed_paths, ref)
-        linked = _link_shared(deps, job, plans, writes, failed_paths, ref)
+        linked = {} if alone else _link_shared(deps, job, plans, writes, failed_paths, ref)
         needed = {(path, c.chunk_index) for (_sid, path), todo in writes.items() for c, _ in todo}
         staged = deps.embed_sink is not None and deps.embedder is not None
         vectors = {} if staged else _embed(deps, job, per_path, failed_paths, needed)

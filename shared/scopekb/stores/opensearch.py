@@ -66,6 +66,9 @@ def make_client(cfg: OpenSearchSettings, interactive: bool = False) -> OpenSearc
 #: cluster gave client timeouts retried three times: minutes in one call). ``request_timeout`` (the client's 30 s)
 #: must be given too: without it opensearch-py takes ``timeout`` as its own.
 _BULK_PARAMS = {"timeout": "20s", "request_timeout": 30}
+#: Bulk writes of chunks ask only for each item's id, status and error (issue 20: the full answer repeats index,
+#: version, shard counts and sequence numbers for every item - about 200 bytes an item to build and parse).
+_BULK_WRITE_PARAMS = {**_BULK_PARAMS, "filter_path": "errors,items.*._id,items.*.status,items.*.error"}
 
 #: Searches never answer from part of the shards: with a shard that has no live copy (a red index) OpenSearch
 #: fails the search (503, ``search_phase_execution_exception``) instead of returning fewer hits as if complete.
@@ -483,10 +486,10 @@ class OpenSearchChunkStore:
             return helpers.parallel_bulk(self.client, actions, thread_count=self.bulk_in_flight,
                                          queue_size=self.bulk_in_flight, chunk_size=10_000,
                                          max_chunk_bytes=self.bulk_max_bytes, raise_on_error=False,
-                                         raise_on_exception=False, params=_BULK_PARAMS)
+                                         raise_on_exception=False, params=_BULK_WRITE_PARAMS)
         return helpers.streaming_bulk(self.client, actions, max_chunk_bytes=self.bulk_max_bytes, chunk_size=10_000,
                                       raise_on_error=False, raise_on_exception=False, max_retries=0,
-                                      params=_BULK_PARAMS)
+                                      params=_BULK_WRITE_PARAMS)
 
     def delete_path(self, scope_agent: str, scope_context: str, source_id: str, path: str,
                     keep_ids: Sequence[str] = ()) -> int:
