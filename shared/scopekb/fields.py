@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 AGENT_NAME = "agent_name"
@@ -194,6 +195,34 @@ def metadata_text(value: Any) -> str:
     ``flat_object`` keeps every leaf as such a keyword)."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    return str(value)
+
+
+#: Nesting kept by :func:`storable_metadata`; deeper values are stored as text (OpenSearch's own object depth limit,
+#: ``index.mapping.depth.limit``, is 20; front matter stops at 4 levels, :func:`scopekb.chunking.front_matter`).
+_METADATA_DEPTH = 8
+
+
+def storable_metadata(value: Any, depth: int = 0) -> Any:
+    """``value`` (a chunk's metadata: front matter, S3 object metadata, chunker facts - all untrusted) as plain JSON
+    both stores accept (SQLite ``json``, OpenSearch ``flat_object``): string keys (an empty key becomes ``"_"``),
+    lists for tuples and sets, non-finite floats (YAML ``.nan``, ``.inf``; JSON has no such number, RFC 8259 §6)
+    and any other non-JSON value (bytes, dates, objects) as text, objects nested deeper than 8 levels as their JSON
+    text. Never raises; finite numbers, booleans, strings and None are returned as they are."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        if depth >= _METADATA_DEPTH:
+            return json.dumps(storable_metadata(value, 0), ensure_ascii=False, default=str)[:1000]
+        return {(str(k) or "_"): storable_metadata(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [storable_metadata(v, depth + 1) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat())
     return str(value)
 
 

@@ -204,9 +204,11 @@ class _Plan:
 
 @dataclass
 class _Outcome:
-    """What :func:`_index` did: sources with a failed file, sources with chunks OpenSearch refused, paths written."""
+    """What :func:`_index` did: sources with a failed file, sources with chunks OpenSearch refused, paths written,
+    and the failed paths per source id."""
 
     failed: set[str] = field(default_factory=set)
+    failed_paths: dict[str, set[str]] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)
     written: set[str] = field(default_factory=set)
 
@@ -596,9 +598,13 @@ def _write_ref(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str,
                 log.warning("index_drift_repaired", source_id=sid, ref=ref, **found,
                             sample=sorted((plan.drift["missing"] & outcome.written) | plan.drift["changed"]
                                           | plan.drift["stale"])[:5])
-        if sid not in outcome.failed:
+        bad = sorted(outcome.failed_paths.get(sid, ()))
+        if sid not in outcome.failed or (bad and len(bad) <= MAX_FAILED_PATHS):
+            # A file the store refused or whose embedding failed does not hold the ref back (hostile review 2,
+            # H1): the ref advances with those paths named in its state (status shows them); each later sync
+            # writes them again until they are stored.
             _put_ref_state(deps, plan.source, ref, {**plan.state, "commit": target, "indexed_at": now,
-                                                    "writing": None})
+                                                    "writing": None, "failed": bad or None})
         elif (plan.to_index or plan.to_delete) and sid not in outcome.refused:
             # Every write was made; the failed files carry no content id (or no chunks), so the next sync retries
             # them by itself. Chunks OpenSearch refused leave the marker: the next sync re-plans all touched paths.
@@ -625,9 +631,10 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
     ref = ref or src.ref
     state = _ref_states(deps, src).get(ref, {})
     writing = state.pop("writing", None)
+    retry = [p for p in state.pop("failed", None) or () if isinstance(p, str)]  # failed at the last sync
     last = state.get("commit")
     plan = _Plan(source=src, from_commit=last, state=state)
-    if last == target and not writing and not verify:
+    if last == target and not writing and not verify and not retry:
         return plan
     git = isinstance(reader, Mirror)
     usable = git and last and reader.has_commit(last)
@@ -678,6 +685,11 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
         if verify and last == target and not writing:
             plan.drift = {"missing": {p for p in plan.to_index if p not in indexed},
                           "changed": {p for p in plan.to_index if p in indexed}, "stale": set(plan.to_delete)}
+    for p in retry:  # the files the last sync of this ref could not store are written again, whatever the diff says
+        if p in tree and p not in plan.to_index:
+            plan.to_index.append(p)
+        plan.maybe_stale.add(p)
+        plan.rewrite.add(p)
     if src.include or src.exclude:  # the source's own globs: excluded paths are dropped, and lose their chunks
         excluded = {p for p in plan.to_index if filetypes.path_skip_reason(p, src.include, src.exclude)}
         plan.to_index = [p for p in plan.to_index if p not in excluded]
@@ -686,6 +698,10 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
              writing=writing, index=len(plan.to_index), delete=len(plan.to_delete))
     return plan
 
+
+#: Failed paths a ref's sync state names at most; a sync with more failed files does not advance the ref (its next
+#: sync plans every touched path again, as after a crash).
+MAX_FAILED_PATHS = 100
 
 #: Bytes of blob contents a sync keeps in memory from the git reader so chunking needs no blob-store read;
 #: files past it are read back from the blob store (after their put finished).
@@ -872,6 +888,7 @@ def _index_batches(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[
                     continue
                 if path in failed_paths:
                     failed.add(plan.source.id)
+                    out.failed_paths.setdefault(plan.source.id, set()).add(path)
                 for c, cid in writes.get((plan.source.id, path), ()):
                     # A file whose embedding failed carries no blob id, so the next full sync sees it as
                     # changed and retries it (keyword search finds it meanwhile).
@@ -963,6 +980,7 @@ def _write_batch(deps: SyncDeps, job: Job, out: _Outcome, docs: list[dict[str, A
         if d["_id"] in bad_ids:
             out.failed.add(d[F.SOURCE_ID])
             out.refused.add(d[F.SOURCE_ID])
+            out.failed_paths.setdefault(d[F.SOURCE_ID], set()).add(d[F.PATH])
         else:
             out.written.add(d[F.PATH])
     for (agent, ctx, sid), (ref, ids) in vanished.items():
@@ -1150,6 +1168,7 @@ def _doc(src: Source, path: str, lang: str, c: Chunk, doc_id: str, blob_sha: str
         F.REPO: src.repo_name or src.repo_url, F.REF: ref, F.REFS: sorted({*refs, ref}), F.COMMIT: commit, F.PATH: path,
         F.LANGUAGE: lang, F.KIND: c.kind, F.SYMBOL: c.symbol, F.SIGNATURE: c.signature, F.CONTENT: c.content,
         F.CHUNK_INDEX: c.chunk_index, F.START_LINE: c.start_line, F.END_LINE: c.end_line,
-        F.CONTENT_SHA: content_sha, F.BLOB_SHA: blob_sha, F.METADATA: c.metadata, F.INDEXED_AT: now,
+        F.CONTENT_SHA: content_sha, F.BLOB_SHA: blob_sha, F.INDEXED_AT: now,
+        F.METADATA: F.storable_metadata(c.metadata or {}),  # untrusted (front matter, object metadata): plain JSON
         **F.def_fields(c.defs),
     }

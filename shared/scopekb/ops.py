@@ -28,7 +28,7 @@ from scopekb.gitrepo import Mirror, mirror_path
 from scopekb.logging import get_logger
 from scopekb.models import DeadLetter, Job, JobState, KeyCreate, Source, SourceCreate, utcnow
 from scopekb.queue import TASK_SYNC_SOURCES
-from scopekb.refs import put_ref_state, ref_states
+from scopekb.refs import pin_ref_state, ref_states
 from scopekb.runtime import ControlRuntime, Runtime
 from scopekb.search import forget_pinned
 from scopekb.settings import git_cache_dir
@@ -430,17 +430,17 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
     if len(chosen) > 1:
         raise Refused("several sources may hold that commit; name source_id or repo to pin it", 422)
     src = chosen[0]
-    limit = rt.settings.git.max_pins_per_source
-    pins = [n for n, st in ref_states(rt.records, src).items() if st.get("pinned")]
-    if len(pins) >= limit:
-        raise Refused(f"source {src.id} already holds {len(pins)} pinned commits (git.max_pins_per_source={limit});"
-                      " search a branch or tag, or wait until a pin expires", 429)
     now = utcnow()
     job_id = f"pin-{commit[:12]}-{uuid.uuid4().hex[:8]}"
     expires = (now + timedelta(seconds=rt.settings.git.pin_ttl_s)).isoformat()
-    put_ref_state(rt.records, src, commit, {"pinned": True, "pinned_at": now.isoformat(), "expires_at": expires,
-                                            "job_id": job_id})
+    # the limit is checked in the same atomic write as the pin (hostile review 2, H2): concurrent pins and the
+    # worker's state writes lose nothing and never exceed git.max_pins_per_source
+    st = pin_ref_state(rt.records, src, commit, {"pinned": True, "pinned_at": now.isoformat(), "expires_at": expires,
+                                                 "job_id": job_id}, rt.settings.git.max_pins_per_source)
     forget_pinned()  # this process's searches without ref leave the pin's chunks out at once
+    if st.get("job_id") != job_id:  # pinned a moment ago by another request: its job is under way
+        return {"status": "pinning", "ref": commit, "source_id": src.id, "job_id": st.get("job_id"),
+                "expires_at": st.get("expires_at")}
     enqueue_sync(rt, [src.id], trigger="pin", job_id=job_id, ref=commit, to_commit=commit)
     log.info("commit_pinned", source_id=src.id, commit=commit, job_id=job_id, expires_at=expires)
     return {"status": "pinning", "ref": commit, "source_id": src.id, "job_id": job_id, "expires_at": expires}

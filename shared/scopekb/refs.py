@@ -10,7 +10,7 @@ regex: they come from API callers.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,9 +69,13 @@ def source_tracks(src: Source, full_ref: str) -> bool:
 
 
 def ref_states(records: RecordStore, src: Source) -> dict[str, dict[str, Any]]:
-    """A source's sync state per ref: name -> ``{"commit", "indexed_at", "writing"?, "pinned"?, "expires_at"?,
-    "job_id"?}`` (a state from before issue 23 is the source's one ``ref``)."""
-    state = records.get("state", src.id) or {}
+    """A source's sync state per ref: name -> ``{"commit", "indexed_at", "writing"?, "failed"?, "pinned"?,
+    "expires_at"?, "job_id"?}`` (a state from before issue 23 is the source's one ``ref``)."""
+    return _states_of(records.get("state", src.id), src)
+
+
+def _states_of(state: Mapping[str, Any] | None, src: Source) -> dict[str, dict[str, Any]]:
+    state = state or {}
     refs = state.get("refs")
     if isinstance(refs, dict):
         return {k: dict(v) for k, v in refs.items() if isinstance(v, dict)}
@@ -82,16 +86,60 @@ def ref_states(records: RecordStore, src: Source) -> dict[str, dict[str, Any]]:
 
 def put_ref_state(records: RecordStore, src: Source, ref: str, value: dict[str, Any] | None) -> None:
     """Set (or, with None, drop) one ref's sync state; the record's top-level ``commit``/``indexed_at`` stay those
-    of the source's ``ref`` for readers that know one ref only (status, CLI). Writers of a source's state are
-    serialised by the repository lock (syncs) or write pins only before their sync is enqueued."""
-    refs = ref_states(records, src)
-    if value is None:
-        refs.pop(ref, None)
-    else:
-        refs[ref] = {k: v for k, v in value.items() if v is not None}
-    main = refs.get(src.ref, {})
-    records.put("state", src.id, {"source_id": src.id, "commit": main.get("commit"),
-                                  "indexed_at": main.get("indexed_at"), "refs": refs}, wait=False)
+    of the source's ``ref`` for readers that know one ref only (status, CLI). The record is shared by every ref of
+    the source and written by syncs (worker) and pins (query service) at once: the change is an atomic
+    read-modify-write (:meth:`RecordStore.update`), so no other ref's concurrent write is lost (hostile review 2,
+    H2). ``None`` values in ``value`` are left out."""
+    update_ref_states(records, src, lambda refs: {ref: value})
+
+
+def update_ref_states(records: RecordStore, src: Source,
+                      change: Callable[[dict[str, dict[str, Any]]], Mapping[str, dict[str, Any] | None]]) -> None:
+    """Atomically change refs of a source's sync state: ``change`` gets every ref's state (name -> dict, as
+    :func:`ref_states` gives) and returns the refs to set (name -> new state, or None to drop the ref); it may
+    raise to write nothing (and may run more than once on a concurrent write, so it must not have side effects)."""
+
+    def apply(state: dict[str, Any] | None) -> dict[str, Any] | None:
+        refs = _states_of(state, src)
+        for name, value in change({k: dict(v) for k, v in refs.items()}).items():
+            if value is None:
+                refs.pop(name, None)
+            else:
+                refs[name] = {k: v for k, v in value.items() if v is not None}
+        main = refs.get(src.ref, {})
+        return {"source_id": src.id, "commit": main.get("commit"), "indexed_at": main.get("indexed_at"),
+                "refs": refs}
+
+    records.update("state", src.id, apply, wait=False)
+
+
+def pin_ref_state(records: RecordStore, src: Source, commit: str, value: dict[str, Any],
+                  limit: int) -> dict[str, Any]:
+    """Record a pin of ``commit`` on ``src`` unless it is pinned already, checking ``limit`` (pins per source) in
+    the same atomic write, so concurrent pins never exceed it. Returns the ref's state (the existing one when the
+    commit was pinned already: compare its ``job_id``).
+
+    Raises:
+        scopekb.errors.Refused: (429) the source holds ``limit`` pinned commits.
+    """
+    out: dict[str, Any] = {}
+
+    def change(refs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
+        st = refs.get(commit)
+        if st and st.get("pinned"):
+            out.clear()
+            out.update(st)
+            return {}
+        pins = [n for n, s in refs.items() if s.get("pinned")]
+        if len(pins) >= limit:
+            raise Refused(f"source {src.id} already holds {len(pins)} pinned commits (git.max_pins_per_source="
+                          f"{limit}); search a branch or tag, or wait until a pin expires", 429)
+        out.clear()
+        out.update(value)
+        return {commit: value}
+
+    update_ref_states(records, src, change)
+    return dict(out)
 
 
 def ref_heads(state: Mapping[str, Any] | None, src: Source) -> dict[str, dict[str, Any]]:

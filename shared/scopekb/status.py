@@ -1,4 +1,4 @@
-"""Per-source status, the aimon seed's IndexStatus: READY / INDEXING / EMPTY / ERROR with counts and lag."""
+"""Per-source status, the aimon seed's IndexStatus: READY / PARTIAL / INDEXING / EMPTY / ERROR with counts and lag."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from scopekb.stores.base import ChunkStore, RecordStore
 def source_status(records: RecordStore, chunks: ChunkStore, src: Source) -> dict[str, Any]:
     """State, documents, chunks, indexed commit and lag of one source.
 
-    ``status`` is INDEXING while its newest job runs, ERROR when that job failed, EMPTY without chunks, else
+    ``status`` is INDEXING while its newest job runs, ERROR when that job failed, EMPTY without chunks,
+    PARTIAL when that job ended ``partial`` or a ref's last sync could not store some files (``failed_paths``:
+    up to 100 such paths over all refs, each retried by the next sync; the ref's ``failed`` names them too), else
     READY. ``ranking`` says which hybrid fusion the source's context uses (:func:`scopekb.tuning.describe`), and
     ``ranking_choice`` is the recorded choice (None before ``scopekb eval --tune``). ``behind_last_push`` is true
     when the newest job's target commit is not the indexed one (a sync is
@@ -31,17 +33,22 @@ def source_status(records: RecordStore, chunks: ChunkStore, src: Source) -> dict
         status = "EMPTY"
     else:
         status = "READY"
+    refs = ref_report(state, src, last)
+    failed = sorted({p for r in refs for p in r["failed"]})[:100]
+    if status == "READY" and (failed or (last is not None and last.state.value == "partial")):
+        status = "PARTIAL"
     choice = tuning.get_choice(records, src.agent_name, src.context_id)
     behind = bool(last is not None and last.to_commit and last.to_commit != state.get("commit"))
     return {"status": status, "indexed_commit": state.get("commit"), "indexed_at": state.get("indexed_at"),
-            "behind_last_push": behind, "refs": ref_report(state, src, last), **stats,
+            "behind_last_push": behind, "refs": refs, "failed_paths": failed, **stats,
             "last_job": last.model_dump(mode="json") if last else None,
             "ranking": tuning.describe(choice), "ranking_choice": choice}
 
 
 def ref_report(state: dict[str, Any], src: Source, last: Any) -> list[dict[str, Any]]:
     """Each indexed ref of a source (issue 23): ``{"ref", "commit", "indexed_at", "pinned", "behind",
-    "lag_s"}``, by name. ``behind``: the newest job saw another commit for that ref than the indexed one;
+    "lag_s", "failed"}``, by name; ``failed``: the paths its last sync could not store (the next one retries).
+    ``behind``: the newest job saw another commit for that ref than the indexed one;
     ``lag_s``: seconds since that job was created while behind, else 0."""
     seen = dict(getattr(last, "ref_commits", None) or {})
     out = []
@@ -50,5 +57,6 @@ def ref_report(state: dict[str, Any], src: Source, last: Any) -> list[dict[str, 
         behind = bool(target and target != h.get("commit"))
         lag = max(0.0, (utcnow() - last.created_at).total_seconds()) if behind and last is not None else 0.0
         out.append({"ref": name, "commit": h.get("commit"), "indexed_at": h.get("indexed_at"),
-                    "pinned": bool(h.get("pinned")), "behind": behind, "lag_s": round(lag, 1)})
+                    "pinned": bool(h.get("pinned")), "behind": behind, "lag_s": round(lag, 1),
+                    "failed": [p for p in h.get("failed") or () if isinstance(p, str)]})
     return out

@@ -48,6 +48,6 @@ def replay_all(rt: Rt) -> dict[str, Any]:
 
 @router.get("/v1/status")
 def status(rt: Rt) -> dict[str, Any]:
-    """The live index, its chunk count and per-source status (READY / INDEXING / EMPTY / ERROR, documents,
+    """The live index, its chunk count and per-source status (READY / PARTIAL / INDEXING / EMPTY / ERROR, documents,
     chunks, indexed commit)."""
     return ops.index_status(rt)

@@ -29,7 +29,7 @@ def list_sources(rt: Rt, agent_name: str | None = None) -> list[dict[str, Any]]:
 
 @router.get("/{source_id}")
 def get_source(source_id: str, rt: Rt) -> dict[str, Any]:
-    """One source with its status (READY / INDEXING / EMPTY / ERROR, counts, indexed commit, last job)."""
+    """One source with its status (READY / PARTIAL / INDEXING / EMPTY / ERROR, counts, indexed commit, last job)."""
     return ops.source_report(rt, ops.get_source(rt, source_id))
 
 

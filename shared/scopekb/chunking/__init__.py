@@ -27,6 +27,7 @@ Guarantees, for any text input (tested with hypothesis in tests/unit/test_chunki
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,7 +173,8 @@ _FM_MAX_CHARS, _FM_MAX_LEAVES, _FM_MAX_DEPTH, _FM_MAX_VALUE = 16_384, 200, 4, 1_
 def front_matter(text: str) -> dict[str, Any]:
     """The YAML front matter of a Markdown document (a ``---`` first line, closed by ``---`` or ``...`` within
     500 lines, as the Markdown chunker reads it) as plain data: string keys; strings, numbers, booleans, lists
-    and objects (dates as ISO text), at most 200 leaves, 4 levels and 1,000 characters a string; ``{}`` when
+    and objects (dates as ISO text, non-finite numbers such as ``.nan`` as text), at most 200 leaves, 4 levels
+    and 1,000 characters a string; ``{}`` when
     absent, malformed, not a mapping or over 16 KiB. Parsed with ``yaml.safe_load`` (no object construction);
     aliases count once per use against the leaf bound, so a "billion laughs" block stays small."""
     if not text.startswith("---"):
@@ -204,8 +206,10 @@ def front_matter(text: str) -> dict[str, Any]:
         if isinstance(v, list):
             return [x for x in (plain(x, depth + 1) for x in v) if x is not None]
         budget[0] -= 1
-        if isinstance(v, bool | int | float):
+        if isinstance(v, bool | int):
             return v
+        if isinstance(v, float):  # YAML's .nan/.inf: no JSON number (stores refuse the document), kept as text
+            return v if math.isfinite(v) else str(v)
         if hasattr(v, "isoformat"):
             return v.isoformat()
         return None if v is None else str(v)[:_FM_MAX_VALUE]

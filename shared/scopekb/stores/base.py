@@ -8,7 +8,7 @@ Adapters translate their library's errors into :mod:`scopekb.errors` (``Transien
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -234,6 +234,20 @@ class RecordStore(Protocol):
 
     def delete(self, kind: str, rec_id: str) -> bool:
         """Delete a record; True when it existed."""
+        ...
+
+    def update(self, kind: str, rec_id: str, change: Callable[[dict[str, Any] | None], dict[str, Any] | None],
+               wait: bool = True) -> dict[str, Any] | None:
+        """Atomic read-modify-write of one record: ``change`` gets the current record (None when absent; a copy it
+        may modify) and returns the record to write, or None to write nothing. No write of another process or
+        thread between the read and the write is lost: OpenSearch writes with ``if_seq_no``/``if_primary_term``
+        and calls ``change`` again on a version conflict (at most 50 times), SQLite runs it inside one
+        ``BEGIN IMMEDIATE`` transaction. Returns what was written (or the current record when nothing was).
+        An exception ``change`` raises propagates and nothing is written.
+
+        Raises:
+            scopekb.errors.Transient: the store is unavailable, or 50 conflicting writes in a row.
+        """
         ...
 
     def find(self, kind: str, size: int = 1000, sort: str | None = None, **terms: Any) -> list[dict[str, Any]]:

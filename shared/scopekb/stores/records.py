@@ -9,11 +9,14 @@ visible to the next read from any process, which is what registration and job po
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import Any
 
 from opensearchpy import OpenSearch
-from opensearchpy.exceptions import NotFoundError, RequestError
+from opensearchpy.exceptions import ConflictError, NotFoundError, RequestError
 
+from scopekb.errors import Transient
 from scopekb.stores.base import RecordStore
 from scopekb.stores.opensearch import explained
 
@@ -80,6 +83,31 @@ class OpenSearchRecordStore(RecordStore):
             return dict(self.client.get(index=self.index_name(kind), id=rec_id)["_source"])
         except NotFoundError:
             return None
+
+    def update(self, kind: str, rec_id: str, change: Callable[[dict[str, Any] | None], dict[str, Any] | None],
+               wait: bool = True) -> dict[str, Any] | None:
+        """Atomic read-modify-write (optimistic: a real-time get, then a write with ``if_seq_no``/
+        ``if_primary_term``, or ``op_type=create`` for a new record; on a version conflict ``change`` runs again on
+        the newer record, at most 50 times). See :meth:`scopekb.stores.base.RecordStore.update`."""
+        self.ensure(kind)
+        index = self.index_name(kind)
+        for _ in range(50):
+            try:
+                got = self.client.get(index=index, id=rec_id)
+                cur: dict[str, Any] | None = dict(got["_source"])
+                version = {"if_seq_no": got["_seq_no"], "if_primary_term": got["_primary_term"]}
+            except NotFoundError:
+                cur, version = None, {"op_type": "create"}
+            new = change(copy.deepcopy(cur))
+            if new is None:
+                return cur
+            try:
+                self.client.index(index=index, id=rec_id, body=new, refresh="wait_for" if wait else "false",
+                                  params=_WRITE_PARAMS, **version)
+                return new
+            except ConflictError:
+                continue  # another writer was first: re-read and apply the change to its record
+        raise Transient(f"record {kind}/{rec_id[:64]} kept changing under 50 writes in a row; try again")
 
     def delete(self, kind: str, rec_id: str) -> bool:
         """Delete a record; True when it existed."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,21 @@ class SqliteRecordStore(RecordStore):
         with self._db.read() as conn:
             row = conn.execute("SELECT doc FROM scopekb_records WHERE kind = ? AND id = ?", (kind, rec_id)).fetchone()
         return json.loads(row[0]) if row else None
+
+    def update(self, kind: str, rec_id: str, change: Callable[[dict[str, Any] | None], dict[str, Any] | None],
+               wait: bool = True) -> dict[str, Any] | None:
+        """Atomic read-modify-write: read, ``change`` and write inside one ``BEGIN IMMEDIATE`` transaction (other
+        writers, of this process or another, wait). See :meth:`scopekb.stores.base.RecordStore.update`."""
+        self.ensure(kind)
+        with self._db.write() as conn:
+            row = conn.execute("SELECT doc FROM scopekb_records WHERE kind = ? AND id = ?", (kind, rec_id)).fetchone()
+            cur = json.loads(row[0]) if row else None
+            new = change(json.loads(row[0]) if row else None)
+            if new is None:
+                return cur
+            conn.execute("INSERT OR REPLACE INTO scopekb_records (kind, id, doc) VALUES (?, ?, ?)",
+                         (kind, rec_id, json.dumps(new, ensure_ascii=False, separators=(",", ":"))))
+            return new
 
     def delete(self, kind: str, rec_id: str) -> bool:
         """Delete a record; True when it existed."""
