@@ -20,7 +20,7 @@ from scopekb import ops
 from scopekb.errors import NotFound
 from scopekb.logging import configure_logging
 from scopekb.models import KeyCreate, ReadRequest, SearchMode, SearchRequest, Source, SourceCreate
-from scopekb.render import matching_lines, one_line, origin, terminal_text
+from scopekb.render import field, matching_lines, one_line, origin, terminal_text
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.search import SearchUnavailable, run_search
 from scopekb.settings import get_settings
@@ -532,13 +532,13 @@ def search(query: str,
     for n, h in enumerate(resp.hits, 1):
         # Indexed paths, symbols and content are data: control characters are shown escaped (scopekb.render).
         head = Text(f"[{n}] ", style="bold")
-        head.append(f"{one_line(h.path)}:{h.start_line}-{h.end_line}", style="bold cyan")
+        head.append(f"{field(h.path)}:{h.start_line}-{h.end_line}", style="bold cyan")
         head.append(f"  score {h.score:.2f}", style="green")
         if h.symbol:
-            head.append(f"  {one_line(h.symbol, 200)}", style="magenta")
+            head.append(f"  {field(h.symbol, 200)}", style="magenta")
         head.append(f"  {origin(h)}", style="dim")  # context, repo, ref, commit: same lines of two sources differ
         if h.blob_sha:
-            head.append(f"  blob {one_line(h.blob_sha, 64)}", style="dim")
+            head.append(f"  blob {field(h.blob_sha, 64)}", style="dim")
         out.print(head, soft_wrap=True)  # one line however narrow the terminal: the terminal wraps it
         matched, more = matching_lines(h)
         if matched:  # exact/regex matches, symbol definition lines: each with its line number

@@ -38,7 +38,7 @@ from scopekb.logging import configure_logging, get_logger
 from scopekb.models import MAX_ANSWER_TOKENS, MIN_ANSWER_TOKENS, ReadRequest, SearchRequest, Source
 from scopekb.reading import read_lines
 from scopekb.refs import CommitNotIndexed
-from scopekb.render import FENCE_CLOSE, FENCE_OPEN, fence_nonce, one_line, validation_message
+from scopekb.render import FENCE_CLOSE, FENCE_OPEN, fence_nonce, field, validation_message
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.search import QueryEmbedder, best_mode, render_text, run_search
 from scopekb.settings import Settings, get_settings
@@ -235,7 +235,7 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
                                rt.counter)
         except CommitNotIndexed as e:  # pin it (issue 23) and say what to wait for
             pin = ops.pin_commit(rt, scope, e.commit, req.source_id, req.repo)
-            return (f"Commit {one_line(pin['ref'])} is being indexed (job {one_line(pin['job_id'])}); search again "
+            return (f"Commit {field(pin['ref'])} is being indexed (job {field(pin['job_id'])}); search again "
                     "in a few seconds.")
 
     modes = "; ".join(f"{k}: {v}" for k, v in SEARCH_MODES.items())
@@ -317,7 +317,7 @@ def _add_status(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
         for s in sorted(sources, key=lambda s: (s.context_id, s.id)):
             st = source_status(rt, s)
             commit = (st["indexed_commit"] or "none")[:12]
-            repo = f"{one_line(s.repo_name or s.repo_url)}@{one_line(s.ref)}"
+            repo = f"{field(s.repo_name or s.repo_url)}@{field(s.ref)}"
             lines.append(f"- {s.id} context {s.context_id!r} repo {repo}: {st['status']}, {st['documents']} "
                          f"documents, {st['chunks']} chunks, indexed commit {commit} at {_fmt_time(st['indexed_at'])}")
         return "\n".join(lines)
@@ -329,7 +329,7 @@ def _add_status(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
         context_id: Annotated[str | None, Field(description="Only sources of this context (one of the key's)"
                                                 )] = None,
     ) -> str:
-        """The sources this key may see, each with its state (READY / INDEXING / EMPTY / ERROR), documents,
+        """The sources this key may see, each with its state (READY / PARTIAL / INDEXING / EMPTY / ERROR), documents,
         chunks and the indexed commit."""
         return await _call(_status, key_of(ctx), context_id)
 
@@ -342,7 +342,7 @@ def _add_index(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
             raise ToolError(f"source {source_id!r} not found for this key")
         job_id = ops.sync_source(rt, src, "manual")
         log.info("mcp_sync_queued", source_id=src.id, job_id=job_id, key_id=key.id)
-        repo = f"{one_line(src.repo_name or src.repo_url)}@{one_line(src.ref)}"
+        repo = f"{field(src.repo_name or src.repo_url)}@{field(src.ref)}"
         return f"Queued a sync of source {src.id} ({repo}, context {src.context_id!r}). Job id: {job_id}"
 
     @server.tool(name="index", title="Sync a source now",
@@ -362,9 +362,9 @@ def _add_read(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
         # as search: no context named means every context the key may see (never another agent's)
         scope = resolve_scope(key, req.context_id, req.cross_context or req.context_id is None)
         res = read_lines(rt.chunks, rt.blobs, scope, req)
-        head = (f"{one_line(res.path)}:{res.start_line}-{res.end_line} of {res.total_lines} lines, blob "
-                f"{res.blob_sha[:12]}, {one_line(res.repo or '?')}@{one_line(res.ref or '?')} commit "
-                f"{one_line((res.commit or '?')[:12])}")
+        head = (f"{field(res.path)}:{res.start_line}-{res.end_line} of {res.total_lines} lines, blob "
+                f"{field(res.blob_sha[:12])}, {field(res.repo or '?')}@{field(res.ref or '?')} commit "
+                f"{field((res.commit or '?')[:12])}")
         body = res.content if res.content is not None else res.content_base64 or ""
         if res.content is None:
             head += " (not UTF-8: base64 of the bytes)"

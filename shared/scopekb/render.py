@@ -8,6 +8,10 @@ every caller that prints such data (REST ``format=text``, the MCP tools, the CLI
   them goes through :func:`one_line`, so no control character (C0, DEL, C1), line or paragraph separator,
   bidirectional override or other format character from the data reaches them: each is shown as a visible
   escape (``\\n``, ``\\x1b``, ``\\u202e``);
+- a data value that marks a field of a structure line (a path, symbol, blob id, ref, context) goes through
+  :func:`field`: written bare only when it is made of letters, digits and ``._/-+@~``, else as a JSON string
+  (``"forge/z.md:1-1, [7] x.py"``), so no value can imitate a line's own punctuation (``:a-b``, ``(score``,
+  ``, [n]``; hostile review 2, H3);
 - chunk content is returned only as data inside a fence it cannot close: the fence carries a per-answer random
   nonce that is checked to occur in none of the answer's content (:func:`fence_nonce`);
 - text meant for a terminal (:func:`terminal_text`) also keeps control characters other than tab and newline
@@ -16,6 +20,7 @@ every caller that prints such data (REST ``format=text``, the MCP tools, the CLI
 
 from __future__ import annotations
 
+import json
 import secrets
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
@@ -63,6 +68,35 @@ def one_line(value: object, max_chars: int = 500) -> str:
     return "".join(_escape(c) if is_unsafe(c) else c for c in s) + ("…" if cut else "")
 
 
+def _plain(s: str) -> bool:
+    return bool(s) and all(c.isalnum() or c in _PLAIN_PUNCT for c in s) and not any(is_unsafe(c) for c in s)
+
+
+#: Characters of a line's structure (``path:a-b``, ``[n]``) escaped inside a quoted :func:`field` value as well.
+_QUOTED_ESCAPES = {":": "\\u003a", "[": "\\u005b", "]": "\\u005d"}
+#: Punctuation a bare :func:`field` value may hold besides letters and digits (none of it is a structure line's).
+_PLAIN_PUNCT = frozenset("._/-+@~")
+
+
+def field(value: object, max_chars: int = 500) -> str:
+    """``value`` as one token of a structure line that cannot be read as the line's structure: bare when it is
+    letters, digits and ``._/-+@~`` only (``src/app.py``, ``Trusted.method``), else a JSON string literal (RFC 8259
+    §7: ``"`` and ``\\`` escaped, every unsafe character - controls, separators, bidi and other format characters,
+    see :func:`is_unsafe` - as a ``\\uXXXX`` escape, and ``:``, ``[``, ``]`` too, so that even a reader that
+    ignores the quotes finds no ``path:a-b`` or ``[n]`` inside one), so spaces, ``(``, ``,`` and quotes in data
+    stay inside the quotes. At most ``max_chars`` characters of the value are kept (then ``…`` after the token).
+    """
+    s = str(value)
+    cut = len(s) > max_chars
+    s = s[:max_chars]
+    if _plain(s):
+        return s + ("…" if cut else "")
+    text = json.dumps(s, ensure_ascii=False)
+    if any(is_unsafe(c) or c in _QUOTED_ESCAPES for c in text):
+        text = "".join(json.dumps(c)[1:-1] if is_unsafe(c) else _QUOTED_ESCAPES.get(c, c) for c in text)
+    return text + ("…" if cut else "")
+
+
 def terminal_text(content: str) -> str:
     """Content for a terminal: tab and newline kept, every other unsafe character escaped visibly, so indexed
     text cannot send terminal control sequences (ESC ... cursor moves, colours, titles, hyperlinks)."""
@@ -93,20 +127,21 @@ def short_commit(commit: str | None) -> str | None:
         return None
     if set(commit) <= _HEX:
         return commit[:12]
-    return one_line(commit, 64)
+    return field(commit, 64)
 
 
 def origin(h: SearchHit) -> str:
     """Where a hit comes from, for its header: ``context 'c1', repo 'pallets/click', ref 'main', commit
-    1a2b3c4d5e6f`` (the source id when the hit names no repository; parts unknown are left out), data escaped.
+    1a2b3c4d5e6f`` (the source id when the hit names no repository; parts unknown are left out); a name that is
+    not plain is a JSON string instead of ``'...'`` (:func:`field`).
     Two hits with the same path and lines from two contexts, repositories or refs differ here."""
-    parts = [f"context '{one_line(h.context_id, 100)}'"]
+    parts = [f"context {_name(h.context_id, 100)}"]
     if h.repo:
-        parts.append(f"repo '{one_line(h.repo, 200)}'")
+        parts.append(f"repo {_name(h.repo, 200)}")
     elif h.source_id:
-        parts.append(f"source '{one_line(h.source_id, 100)}'")
+        parts.append(f"source {_name(h.source_id, 100)}")
     if h.ref:
-        parts.append(f"ref '{one_line(h.ref, 200)}'")
+        parts.append(f"ref {_name(h.ref, 200)}")
     commit = short_commit(h.commit)
     if commit:
         parts.append(f"commit {commit}")
@@ -116,13 +151,13 @@ def origin(h: SearchHit) -> str:
 def hit_header(n: int, h: SearchHit) -> str:
     """The structure line naming hit ``n``: ``[n] path:start-end (score 0.92) symbol; context 'c1', repo 'r',
     ref 'main', commit 1a2b3c4d5e6f; blob <blob_sha>; lines 3,7`` (:func:`origin`; blob and lines when known),
-    data parts escaped."""
-    head = f"[{int(n)}] {one_line(h.path)}:{int(h.start_line)}-{int(h.end_line)} (score {float(h.score):.2f})"
+    data parts as :func:`field` tokens (a path with a space, ``:`` or brackets is a quoted JSON string)."""
+    head = f"[{int(n)}] {field(h.path)}:{int(h.start_line)}-{int(h.end_line)} (score {float(h.score):.2f})"
     if h.symbol:
-        head += f" {one_line(h.symbol, 200)}"
+        head += f" {field(h.symbol, 200)}"
     head += f"; {origin(h)}"
     if h.blob_sha:  # what the ``read`` tool needs to open this file at this version
-        head += f"; blob {one_line(h.blob_sha, 64)}"
+        head += f"; blob {field(h.blob_sha, 64)}"
     if h.match_lines:  # exact/regex/symbol: the matching lines (integers only)
         shown = h.match_lines[:_MAX_LINES_SHOWN]
         head += "; lines " + ",".join(str(int(x)) for x in shown) + ("…" if len(h.match_lines) > len(shown) else "")
@@ -173,10 +208,16 @@ def scope_line(resp: SearchResponse) -> str:
     if ctx is None:
         where = "every context the key may see"
     else:
-        shown = ", ".join(f"'{one_line(c, 100)}'" for c in ctx[:MAX_LISTED])
+        shown = ", ".join(_name(c) for c in ctx[:MAX_LISTED])
         where = f"context{'s' if len(ctx) != 1 else ''} {shown}" + (
             f" +{len(ctx) - MAX_LISTED} more" if len(ctx) > MAX_LISTED else "")
-    return f"agent '{one_line(resp.scope.agent_name, 100)}', {where}"
+    return f"agent {_name(resp.scope.agent_name)}, {where}"
+
+
+def _name(value: str, max_chars: int = 100) -> str:
+    """A name (agent, context, repository, ref, source) on a structure line: ``'c1'`` when plain, else a JSON
+    string (:func:`field`), so a quote or ``', ref '`` in it cannot imitate the next part."""
+    return f"'{value}'" if _plain(value) and len(value) <= max_chars else field(value, max_chars)
 
 
 def summary_line(resp: SearchResponse, query_chars: int = 200) -> str:
@@ -323,7 +364,7 @@ def _budget_line(max_tokens: int, counter: Counter, omitted: list[_Block]) -> st
     text = f"Budget: {int(max_tokens)} tokens ({one_line(getattr(counter, 'name', 'tokens'), 60)})"
     if omitted:
         text += (f"; {len(omitted)} result{'s' if len(omitted) != 1 else ''} omitted: "
-                 + ", ".join(f"[{b.n}] {one_line(b.hit.path, 120)}:{int(b.hit.start_line)}-{int(b.hit.end_line)}"
+                 + ", ".join(f"[{b.n}] {field(b.hit.path, 120)}:{int(b.hit.start_line)}-{int(b.hit.end_line)}"
                              for b in omitted[:MAX_LISTED])
                  + (f" +{len(omitted) - MAX_LISTED} more" if len(omitted) > MAX_LISTED else ""))
     return text + "."
