@@ -215,9 +215,11 @@ def scope_line(resp: SearchResponse) -> str:
 
 
 def _name(value: str, max_chars: int = 100) -> str:
-    """A name (agent, context, repository, ref, source) on a structure line: ``'c1'`` when plain, else a JSON
-    string (:func:`field`), so a quote or ``', ref '`` in it cannot imitate the next part."""
-    return f"'{value}'" if _plain(value) and len(value) <= max_chars else field(value, max_chars)
+    """A name (agent, context, repository, ref, source) on a structure line, after its path: ``'c1'``,
+    ``'https://host/o/r'`` when it holds no quote, backslash or unsafe character, else a JSON string
+    (:func:`field`), so a quote or ``', ref '`` in it cannot imitate the next part."""
+    quotable = not any(c in "'\"\\" or is_unsafe(c) for c in value)
+    return f"'{value}'" if value and quotable and len(value) <= max_chars else field(value, max_chars)
 
 
 def summary_line(resp: SearchResponse, query_chars: int = 200) -> str:
