@@ -7,12 +7,15 @@ at the end) with real ``scopekb worker`` processes:
 - a sync worker (``--queues <sync queue>``, ``worker.embed_queue`` set) runs the sync stage alone; its process
   tree's peak RSS (``VmHWM``) is read when the stage ends (target: <= 600 MiB, it never imports torch);
 - then N embedding workers (``--queues <embed queue>``, concurrency 1 each, ``embedding.local_threads`` 1 so two
-  processes fit two cores) are started together and the embedding stage is timed from the moment all of them are
-  ready to the job's ``done`` (a fresh embedding cache per case: every chunk is computed);
+  processes fit two cores; parts of 32 chunks, so a small corpus still spreads over two) are started together
+  and the embedding stage is timed from the moment all of them are ready to the job's ``done`` (a fresh
+  embedding cache per case: every chunk is computed);
 - cases: the local model (torch) with N = 1 and 2, and the OpenAI-compatible stub (``tests/openai_stub.py``, in
   this process, answering with hashed unit vectors at once) with N = 1 and 2: the stage's own ceiling when the
   model is elsewhere;
-- baseline: one worker embedding inline (no embedding queue, the default), whole-sync seconds and peak RSS.
+- baseline: one worker embedding inline (no embedding queue, the default), whole-sync seconds and peak RSS;
+- per case, index bytes ÷ text bytes of the tree once the job is done (the index with vectors, for the local
+  model's cases).
 
 Prints one JSON object; ratios are within this run.
 
@@ -110,6 +113,25 @@ def _wait(records: Any, job_id: str, done: Any, timeout: float = 1800) -> Any:
     raise RuntimeError(f"job {job_id} not done: {records.get_job(job_id)}")
 
 
+def _index_bytes(client: Any, alias: str, bare: Path) -> dict[str, Any]:
+    """Primary store bytes of the chunk index (after a refresh and a merge of deleted documents: the partial
+    updates of the embedding stage leave deleted copies) ÷ text bytes of the indexed tree, and the knn_vector
+    field's share of the stored ``_source`` estimated from one document (JSON floats of the vector)."""
+    from scopekb_bench import corpus
+
+    client.indices.refresh(index=alias)
+    client.indices.forcemerge(index=alias, params={"only_expunge_deletes": "true", "request_timeout": 600})
+    stats = client.indices.stats(index=alias, metric="store,docs")["_all"]["primaries"]
+    _, _, text = corpus.tree_text_bytes(bare, "main")
+    hit = client.search(index=alias, body={"size": 1, "query": {"exists": {"field": "embedding"}}})["hits"]["hits"]
+    src = hit[0]["_source"] if hit else {}
+    vec_json = len(json.dumps(src.get("embedding", []))) if src else 0
+    return {"index_bytes": stats["store"]["size_in_bytes"], "source_text_bytes": text,
+            "index_over_source": round(stats["store"]["size_in_bytes"] / max(1, text), 2),
+            "docs": stats["docs"]["count"], "source_json_bytes_one_doc": len(json.dumps(src)),
+            "vector_json_bytes_one_doc": vec_json}
+
+
 def run_case(case: str, endpoints: dict[str, str], bare: Path, work: Path, stub_url: str) -> dict[str, Any]:
     """One case: ``local<N>``, ``stub<N>`` or ``inline``; returns its figures."""
     from scopekb_bench.stack import cleanup
@@ -132,6 +154,7 @@ def run_case(case: str, endpoints: dict[str, str], bare: Path, work: Path, stub_
            "SCOPEKB_OPENSEARCH__ALIAS": f"{prefix}-chunks", "SCOPEKB_OPENSEARCH__SYSTEM_PREFIX": f"{prefix}-sys",
            "SCOPEKB_S3__BUCKET": prefix, "SCOPEKB_WORKER__QUEUE": f"{prefix}-sync",
            "SCOPEKB_WORKER__EMBED_QUEUE": "" if case == "inline" else f"{prefix}-embed",
+           "SCOPEKB_WORKER__EMBED_PART_CHUNKS": "32",  # enough parts for two workers on a small corpus
            "SCOPEKB_GIT__CACHE_DIR": str(work / f"git-{run_id}"), "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true",
            "SCOPEKB_LOG_FORMAT": "json", "SCOPEKB_LOG_LEVEL": "INFO", **model}
     s = Settings(opensearch={"url": endpoints["SCOPEKB_OPENSEARCH__URL"], "alias": f"{prefix}-chunks",
@@ -172,6 +195,7 @@ def run_case(case: str, endpoints: dict[str, str], bare: Path, work: Path, stub_
             out["embed_chunks_per_s"] = round(job.embeddings_computed / out["embed_stage_s"], 1)
             out["embed_worker_peak_rss_mib"] = round(max(max(_peak_rss(p.pid).values(), default=0)
                                                          for p, _ in embeds) / MIB, 1)
+        out.update(_index_bytes(make_client(s.opensearch), s.opensearch.alias, bare))
         out.update({"state": job.state.value, "stage": str(job.stage), "embeddings_computed": job.embeddings_computed,
                     "embeddings_cached": job.embeddings_cached, "job_s": round(time.perf_counter() - t0, 2)})
     finally:
