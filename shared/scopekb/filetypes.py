@@ -50,6 +50,11 @@ _SECRET_GLOBS = [".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa",
                  "id_ecdsa*", "id_ed25519*", ".npmrc", ".pypirc", ".netrc", "credentials", "credentials.json",
                  "*.keystore", "*.jks", "secrets.yaml", "secrets.yml", ".htpasswd"]
 
+#: Each list as one regular expression (``fnmatch.fnmatchcase`` of any glob, case-sensitive, whole name): one match
+#: per path instead of one per glob (issue 20: 200,000 fnmatch calls in a django sync's read phase).
+_SECRET_NAMES = re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in _SECRET_GLOBS))
+_GENERATED_NAMES = re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in _GENERATED_GLOBS))
+
 
 def language_for(path: str) -> str:
     """Language name for a path by file name or extension; ``text`` when unknown."""
@@ -75,11 +80,11 @@ def path_skip_reason(path: str, include: Sequence[str] = (), exclude: Sequence[s
         return SKIP_EXCLUDED
     if any(_glob(path, g) for g in exclude):
         return SKIP_EXCLUDED
-    if any(fnmatch.fnmatchcase(name, g) for g in _SECRET_GLOBS):
+    if _SECRET_NAMES.match(name):
         return SKIP_SECRET
     if path in vendored or set(path.split("/")[:-1]) & _VENDORED_DIRS:
         return SKIP_VENDORED
-    if any(fnmatch.fnmatchcase(name, g) for g in _GENERATED_GLOBS):
+    if _GENERATED_NAMES.match(name):
         return SKIP_VENDORED
     return None
 
