@@ -140,7 +140,7 @@ def worker(concurrency: int = 2, loglevel: str = "INFO",
     if not names or any(q not in (w.queue, w.embed_queue) for q in names):
         raise CliError(f"--queues must name worker.queue ({w.queue!r}) or worker.embed_queue "
                        f"({w.embed_queue or 'not set'}), got {queues!r}")
-    _check_index()
+    _check_index(unavailable_ok=True)
     celery_app.worker_main(["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}",
                             f"--queues={','.join(names)}", "--without-gossip", "--without-mingle"])
 
@@ -239,14 +239,28 @@ def model_export(backend: Annotated[str, typer.Option(help="onnx, onnx-int8 or a
         out.print(f"{b}: {'exported' if built else 'already exported'} at {where}")
 
 
-def _check_index() -> None:
-    """Refuse to start when the live index was built for another model or mapping (run `scopekb reindex`)."""
+def _check_index(unavailable_ok: bool = False) -> None:
+    """Refuse to start when the live index was built for another model or mapping (run `scopekb reindex`).
+
+    ``unavailable_ok`` (the worker): a cluster that cannot answer now (red, no elected cluster manager,
+    unreachable) is a warning, not a refusal - each sync checks the index at its start and waits for the cluster
+    (issue 24), so a worker restarted during an outage is ready when the cluster is back."""
+    from scopekb.errors import Transient
     from scopekb.stores.base import StoreVersionMismatch
 
+    chunks = _rt().chunks
     try:
-        _rt().chunks.ensure_index()
+        problem = chunks.problem() if unavailable_ok else None  # asked first: it answers at once when red
+        if problem is not None:
+            raise Transient(problem)
+        chunks.ensure_index()
     except StoreVersionMismatch as e:
         raise CliError(str(e)) from None
+    except Transient as e:
+        if not unavailable_ok:
+            raise
+        err.print(one_line(f"warning: the chunk index cannot be checked now ({e}); syncs wait for the cluster"),
+                  markup=False, highlight=False)
 
 
 @app.command()

@@ -59,7 +59,7 @@ from scopekb.models import Chunk, Job, JobStage, JobState, Source, utcnow
 from scopekb.patterns import GITATTRIBUTES_LIMITS, usable_globs
 from scopekb.refs import MAX_REFS, match_refs, put_ref_state, ref_states
 from scopekb.settings import Settings, git_cache_dir
-from scopekb.stores.base import BulkReport, ChunkStore, RecordStore
+from scopekb.stores.base import BulkReport, ChunkStore, RecordStore, answered_problem
 
 log = get_logger(__name__)
 
@@ -275,6 +275,11 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
         job.errors.append(f"{type(e).__name__}: {e}")
         job.finished_at = utcnow()
         log.error("sync_failed", job_id=job.id, error=str(e), retries=job.retries)
+        why = _cluster_cannot_serve(deps, e)
+        if why is not None:  # a write now hangs until a cluster manager is elected: the task waits instead, and
+            # its resumed run rewrites the record (issue 24: this write took a red cluster's sync past its time limit)
+            log.warning("job_record_not_stored", job_id=job.id, error=why)
+            raise
         try:
             deps.records.put_job(job)
         except Exception as store_error:  # noqa: BLE001 - the store may be what failed; keep the first error
@@ -360,6 +365,17 @@ def finish_embedding(deps: SyncDeps, job_id: str) -> Job | None:
              files_indexed=job.files_indexed, chunks_written=job.chunks_written, embed_parts=job.embed_parts,
              embeddings_computed=job.embeddings_computed, embeddings_cached=job.embeddings_cached)
     return job
+
+
+def _cluster_cannot_serve(deps: SyncDeps, exc: Exception) -> str | None:
+    """For a transient failure, why the search cluster says it cannot serve now (red, no elected cluster manager),
+    or None: also when no node answers or the question itself fails (best effort)."""
+    if not isinstance(exc, Transient):
+        return None
+    try:
+        return answered_problem(deps.chunks.problem())
+    except Exception:  # noqa: BLE001 - see above
+        return None
 
 
 def _count(job: Job, kind: str, n: int = 1) -> None:

@@ -282,15 +282,16 @@ class LostJobs:
 
 def _waiting_jobs(rt: ControlRuntime, grace_s: float, known: set[str]) -> dict[str, tuple[Job, dict[str, Any]]]:
     """Jobs that should have a message in the broker: a queued marker older than ``grace_s`` for sources of this
-    deployment (``known``; other deployments may share the Redis) and either no record yet or a record still
-    ``queued`` (a retry waiting for its countdown). ``{job id: (job, task kwargs)}``."""
+    deployment (``known``; other deployments may share the Redis) and either no record yet, a record still
+    ``queued`` (a retry waiting for its countdown) or one ``running`` (a running task holds its message until it
+    ends: acks_late). ``{job id: (job, task kwargs)}``."""
     now = utcnow()
     out: dict[str, tuple[Job, dict[str, Any]]] = {}
     for marker, kwargs in rt.coord.queued_markers():
         if (now - marker.created_at).total_seconds() < grace_s or not known.intersection(marker.source_ids):
             continue
         rec = rt.records.get_job(marker.id)
-        if rec is None or rec.state == JobState.queued:
+        if rec is None or rec.state in (JobState.queued, JobState.running):
             out[marker.id] = (rec or marker, kwargs)
     return out
 
@@ -298,15 +299,17 @@ def _waiting_jobs(rt: ControlRuntime, grace_s: float, known: set[str]) -> dict[s
 def settle_lost_jobs(rt: ControlRuntime, grace_s: float | None = None,
                      confirm_s: float = LOST_CONFIRM_S) -> LostJobs:
     """Settle queued jobs whose task message the broker lost (issue 24), so none stays ``queued`` until its marker
-    expires.
+    expires, and running jobs whose task ended without settling them (its worker process was ended by the hard
+    time limit, or the record store failed the task's last write), so none stays ``running``.
 
     A job counts as lost when its queued marker is older than ``grace_s`` (default
-    ``worker.lost_message_grace_s``), it has no record or one still ``queued``, and the broker holds no message
-    for it - in no queue and delivered to no worker (:meth:`scopekb.runtime.CeleryTasks.held`) - at two looks
-    ``confirm_s`` apart. A lost job is enqueued again under the same job id with its original task arguments
-    (``job.retries["requeued"]`` counts it, ``job.errors`` says why); one lost again after ``LOST_REQUEUES``
-    re-enqueues is recorded ``failed`` with the reason. A wrong guess costs at most one duplicate sync (tasks
-    are idempotent and serialised by the repository lock).
+    ``worker.lost_message_grace_s``), it has no record or one still ``queued`` or ``running``, and the broker
+    holds no message for it - in no queue and delivered to no worker (:meth:`scopekb.runtime.CeleryTasks.held`;
+    a running task's message stays delivered until it ends) - at two looks ``confirm_s`` apart. A lost job is
+    enqueued again under the same job id with its original task arguments, a ``running`` record set back to
+    ``queued`` (``job.retries["requeued"]`` counts it, ``job.errors`` says why); one lost again after
+    ``LOST_REQUEUES`` re-enqueues is recorded ``failed`` with the reason. A wrong guess costs at most one
+    duplicate sync (tasks are idempotent and serialised by the repository lock).
 
     The embedded profile has no broker to lose a message from (tasks run in the process that also holds the
     markers): nothing is settled there.
@@ -328,14 +331,18 @@ def settle_lost_jobs(rt: ControlRuntime, grace_s: float | None = None,
     suspects = {j: again[j] for j in set(first) - in_broker if j in again}
     lost = sorted(set(suspects) - (held(suspects) or set())) if suspects else []
     out = LostJobs()
-    why = "task message lost by the broker (in no queue, held by no worker)"
     for job_id in lost:
         job, kwargs = suspects[job_id]
+        why = ("task ended without settling its running job (no message in any queue, held by no worker)"
+               if job.state == JobState.running else "task message lost by the broker (in no queue, held by no worker)")
         times = job.retries.get("requeued", 0)
         if times < LOST_REQUEUES and kwargs:
             job.retries["requeued"] = times + 1
             job.errors.append(f"{why}: enqueued again by the reconcile")
-            _enqueue(rt, job.model_copy(update={"created_at": utcnow()}), kwargs)
+            again_job = job.model_copy(update={"created_at": utcnow(), "state": JobState.queued})
+            if job.state == JobState.running:  # the record must not say running while the job waits in the queue
+                rt.records.put_job(again_job.model_copy(update={"created_at": job.created_at}))
+            _enqueue(rt, again_job, kwargs)
             out.requeued.append(job_id)
             continue
         job.errors.append(f"{why}{' again' if times else ''}: failed by the reconcile, whose verifying sync "

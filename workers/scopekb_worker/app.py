@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import redis
 import structlog
 from celery import Task
-from celery.exceptions import Reject, Retry
+from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
 from celery.signals import (
     task_postrun,
     task_prerun,
@@ -41,7 +41,7 @@ from scopekb.embedding.limits import backoff_delay
 from scopekb.errors import Refused, Transient
 from scopekb.indexing import embed_part, run_sync
 from scopekb.logging import bind_context, clear_context, configure_logging, get_logger
-from scopekb.models import DeadLetter, Job, JobState
+from scopekb.models import DeadLetter, Job, JobState, utcnow
 from scopekb.runtime import Runtime, build_runtime, celery_app, coordination
 from scopekb.settings import Settings, get_settings
 from scopekb.stores.base import RecordStore, answered_problem
@@ -72,13 +72,31 @@ SAFE_EVICTION = ("noeviction", "volatile-lru", "volatile-lfu", "volatile-random"
 
 @lru_cache(maxsize=1)
 def runtime() -> Runtime:
-    """Clients of this worker process, built on first use (after fork)."""
+    """Clients of this worker process, built on first use (after fork). Sends no request: a cluster that cannot
+    serve never fails the build (the chunk index is checked by :func:`ensure_chunk_index`, inside a task's
+    error handling)."""
     s = get_settings()
     # With an embedding queue (issue 19) the model is loaded by the first embedding task only: a worker of the
     # sync queue alone never imports torch.
-    rt = build_runtime(s, name="scopekb-worker", lazy_embedder=bool(s.worker.embed_queue))
+    return build_runtime(s, name="scopekb-worker", lazy_embedder=bool(s.worker.embed_queue))
+
+
+#: The runtime whose chunk index :func:`ensure_chunk_index` last checked successfully (one check per process).
+_index_checked: list[Runtime] = []
+
+
+def ensure_chunk_index(rt: Runtime) -> None:
+    """Create, check and migrate the chunk index (:meth:`scopekb.stores.base.ChunkStore.ensure_index`) once per
+    runtime: the first sync of a worker process does it, and every sync after one where it failed.
+
+    Raises:
+        Transient: the cluster cannot answer (unreachable, no elected cluster manager, a shard without a copy).
+        StoreVersionMismatch: the live index has another mapping version or dimension (``scopekb reindex``).
+    """
+    if _index_checked and _index_checked[0] is rt:
+        return
     rt.chunks.ensure_index()
-    return rt
+    _index_checked[:] = [rt]
 
 
 @worker_process_init.connect
@@ -204,24 +222,29 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
     Transient failures (git fetch, OpenSearch, Redis or the embedding API unavailable) are retried with jittered
     exponential backoff up to ``worker.max_retries`` times, then parked as a dead letter; a :class:`SyncError`
     is permanent and not retried. While a reindex runs, or the search cluster reports that it cannot serve (red,
-    no elected cluster manager) - before the sync starts or when a step of it fails - the task waits instead
+    no elected cluster manager) - before the sync starts or when any step fails, from the first request of the
+    task (the chunk index check, the job record, the repository lock) to the last write - the task waits instead
     (:func:`_defer`): ``deferrals`` counts those waits, which spend no attempt, however long the cluster is red.
+    Any other failure settles the job record (``failed`` with the reason, :func:`_settle_failed`) before the
+    task ends: a job is never left ``running`` by a task that is over (issue 24).
     ``verify`` (the reconcile) also repairs drift between the index and git's tree; ``reset_attempts`` (a
     parked file's replay) forgets those files' crash counts first.
     """
     s = get_settings()
-    rt = runtime()
     attempt = self.request.retries - deferrals  # attempts that failed transiently; waits are not attempts
-    if rt.coord.reindex_running():  # the index is being rebuilt: wait, without spending a retry attempt
-        _defer(self, deferrals, 30, "sync_deferred_for_reindex")
-    problem = rt.chunks.problem()
-    if problem is not None:  # the cluster cannot take writes now (red, no cluster manager): wait for it, without
-        # spending a retry attempt, rather than block in bulk requests it cannot serve (issue 24)
-        _defer(self, deferrals, CLUSTER_WAIT_S, "sync_deferred_for_cluster", problem=problem)
-    log.info("sync_started", source_ids=source_ids, after=after, branch_deleted=branch_deleted, verify=verify,
-             retries=attempt, deferrals=deferrals)
-    attempts = FileAttemptsRecorder(rt.coord, rt.records, self.name)
+    rt = runtime()  # no request sent: what fails to build (settings) leaves the job to the reconcile to settle
+    attempts: FileAttemptsRecorder | None = None
     try:
+        if rt.coord.reindex_running():  # the index is being rebuilt: wait, without spending a retry attempt
+            _defer(self, deferrals, 30, "sync_deferred_for_reindex")
+        problem = rt.chunks.problem()
+        if problem is not None:  # the cluster cannot take writes now (red, no cluster manager): wait for it, without
+            # spending a retry attempt, rather than block in bulk requests it cannot serve (issue 24)
+            _defer(self, deferrals, CLUSTER_WAIT_S, "sync_deferred_for_cluster", problem=problem)
+        ensure_chunk_index(rt)
+        log.info("sync_started", source_ids=source_ids, after=after, branch_deleted=branch_deleted, verify=verify,
+                 retries=attempt, deferrals=deferrals)
+        attempts = FileAttemptsRecorder(rt.coord, rt.records, self.name)
         if reset_attempts:
             rt.coord.forget_attempts(reset_attempts)
         with rt.coord.repo_lock(source_ids, wait_s=s.worker.task_time_limit_s, ttl_s=LOCK_TTL_S):
@@ -232,8 +255,11 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
             deps.attempts = attempts
             job = run_sync(deps, job_id, source_ids, trigger=trigger, branch_deleted=branch_deleted, verify=verify,
                            attempt=attempt)
+    except (Retry, Reject):  # a wait or a retry enqueued (or not, Reject): the job is not over
+        raise
     except Refused as e:  # SyncError, or a request a store refused: permanent, not retried
         log.error("sync_refused", error=str(e))
+        _settle_failed(rt, job_id, source_ids, trigger, e)
         return {"id": job_id, "state": "failed", "errors": [str(e)]}
     except TRANSIENT_ERRORS as e:
         problem = _cluster_problem(rt)
@@ -252,9 +278,19 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
         except Reject:  # the broker is down too: the job stays failed, the next reconcile re-syncs the source
             log.error("sync_retry_not_enqueued", error=str(e)[:300])
             raise
+    except Exception as e:  # anything else ends the task (a bug, the soft time limit): settle the job first
+        if isinstance(e, SoftTimeLimitExceeded):  # out of time because the cluster could not serve: wait for it
+            problem = _cluster_problem(rt)
+            if problem is not None:
+                _defer(self, deferrals, CLUSTER_WAIT_S, "sync_deferred_for_cluster", problem=problem,
+                       error="soft time limit")
+        log.error("sync_crashed", error=f"{type(e).__name__}: {e}"[:500], retries=attempt, deferrals=deferrals)
+        _settle_failed(rt, job_id, source_ids, trigger, e)
+        raise
     finally:
-        with contextlib.suppress(Transient):
-            attempts.flush()
+        if attempts is not None:
+            with contextlib.suppress(Transient):
+                attempts.flush()
     return job.model_dump(mode="json")
 
 
@@ -264,6 +300,26 @@ def _defer(task: Task, deferrals: int, countdown: float, event: str, **why: Any)
     Celery's ``Retry``."""
     log.warning(event, deferrals=deferrals + 1, countdown_s=countdown, **why)
     raise task.retry(countdown=countdown, kwargs={**(task.request.kwargs or {}), "deferrals": deferrals + 1})
+
+
+def _settle_failed(rt: Runtime, job_id: str, source_ids: Sequence[str], trigger: str,
+                   exc: BaseException) -> None:
+    """Record the job ``failed`` with ``exc`` as the reason, for a task that ends without a retry: unless
+    :func:`scopekb.indexing.run_sync` already did (a record ``failed``) or the job finished. Best effort: when the
+    record store is what fails the job keeps its state, and the reconcile settles
+    it once the broker holds no message for it (:func:`scopekb.ops.settle_lost_jobs`)."""
+    reason = f"{type(exc).__name__}: {exc}"[:500]
+    try:
+        job = rt.records.get_job(job_id)
+        if job is not None and job.state in (JobState.failed, JobState.done, JobState.partial):
+            return
+        job = job or rt.coord.queued_job(job_id) or Job(id=job_id, source_ids=list(source_ids), trigger=trigger)
+        now = utcnow()
+        rt.records.put_job(job.model_copy(update={
+            "state": JobState.failed, "errors": [*job.errors, f"the task ended: {reason}"], "finished_at": now,
+            "started_at": job.started_at or now}))
+    except Exception as e:  # noqa: BLE001 - see above; the log keeps the reason
+        log.error("job_not_settled", job_id=job_id, reason=reason, error=f"{type(e).__name__}: {e}"[:300])
 
 
 def _carry_marker(rt: Runtime, job_id: str) -> None:
@@ -375,6 +431,7 @@ def embed_chunks(self: Task, job_id: str, run: str, part: int, items: list[list[
     s = get_settings()
     rt = runtime()
     try:
+        ensure_chunk_index(rt)  # inside the retry policy: a cluster that cannot answer now is retried later
         return embed_part(rt.sync_deps(), job_id, run, part, items)
     except Refused as e:
         log.error("embed_refused", error=str(e))

@@ -6,6 +6,7 @@ Every read is filtered by a :class:`ScopeFilter`; there is no unscoped search me
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import time
@@ -43,13 +44,26 @@ class IndexVersionMismatch(StoreVersionMismatch):
     """The live index behind the alias was built for another mapping version or embedding dimension."""
 
 
+#: HTTP statuses a non-interactive client retries on another node (opensearch-py's default also retries 503; see
+#: :func:`make_client`).
+RETRY_STATUSES = (502, 504)
+
+
 def make_client(cfg: OpenSearchSettings, interactive: bool = False) -> OpenSearch:
     """Build an opensearch-py client from settings (basic auth when a username is set).
 
     ``interactive`` (the query service): at most 10 s per request and no retry on timeout, so a frozen cluster
-    gives callers a quick 503 instead of a hang of ``timeout × retries``; workers keep patient retries.
+    gives callers a quick 503 instead of a hang of ``timeout × retries``.
     ``cfg.url`` may name several nodes (comma-separated): requests go round-robin and a node that refuses the
     connection is marked dead and the request retried on another (opensearch-py's connection pool).
+
+    Outside ``interactive`` (workers, the CLI, the ingester) a request is retried on another node after a
+    refused connection or a 502/504, but not after a timeout or a 503: with no elected cluster manager a write
+    can hang past its own ``timeout`` (a stack dump 36 s into a sync found its job-record write, ``timeout=10s``,
+    still waiting for the answer) and a blocked write answers 503, the same on every node; with three more
+    tries one record write or bulk request of a sync lasted long enough to take the task past its time limit
+    while the cluster was red (issue 24). The callers' own policies decide instead: bulk retry rounds (timeouts
+    and 503 items included), the task's wait for the cluster, 503 to HTTP clients.
     """
     auth = None
     if cfg.username:
@@ -58,7 +72,7 @@ def make_client(cfg: OpenSearchSettings, interactive: bool = False) -> OpenSearc
         return OpenSearch(hosts=cfg.hosts(), http_auth=auth, verify_certs=cfg.verify_certs,
                           timeout=min(cfg.timeout_s, 10.0), max_retries=1, retry_on_timeout=False)
     return OpenSearch(hosts=cfg.hosts(), http_auth=auth, verify_certs=cfg.verify_certs, timeout=cfg.timeout_s,
-                      max_retries=3, retry_on_timeout=True, http_compress=False)
+                      max_retries=3, retry_on_timeout=False, http_compress=False, retry_on_status=RETRY_STATUSES)
 
 
 #: A bulk request waits at most 20 s on the server for a primary shard or a cluster block (no elected cluster
@@ -69,6 +83,8 @@ _BULK_PARAMS = {"timeout": "20s", "request_timeout": 30}
 #: Bulk writes of chunks ask only for each item's id, status and error (issue 20: the full answer repeats index,
 #: version, shard counts and sequence numbers for every item - about 200 bytes an item to build and parse).
 _BULK_WRITE_PARAMS = {**_BULK_PARAMS, "filter_path": "errors,items.*._id,items.*.status,items.*.error"}
+#: Seconds one look at a by-query task waits for it to finish before the cluster's health is asked again.
+BY_QUERY_WAIT_S = 10
 
 #: Searches never answer from part of the shards: with a shard that has no live copy (a red index) OpenSearch
 #: fails the search (503, ``search_phase_execution_exception``) instead of returning fewer hits as if complete.
@@ -654,8 +670,11 @@ class OpenSearchChunkStore:
         batch of a by-query request, and Python's ``http.client`` refuses a response with more than 100 headers
         (``got more than 100 headers``: measured on 130,000 chunks, i.e. django's membership copy), after which
         the client's retry would run the whole operation again. A long operation also needs no 15-minute HTTP
-        request. Raises :class:`opensearchpy.TransportError` when the task fails (its ``error``), or with status
-        504 when it has not finished within ``timeout_s`` seconds (the task keeps running on the cluster)."""
+        request. Raises :class:`opensearchpy.TransportError` when the task fails (its ``error``), with status
+        504 when it has not finished within ``timeout_s`` seconds (the task keeps running on the cluster), and with
+        status 503 naming the reason as soon as the cluster says it cannot serve (red, no elected cluster manager:
+        the task's writes wait for a cluster that may stay red for minutes, longer than a sync's time limit; the
+        task is cancelled, best effort, and the caller redoes the idempotent operation later; issue 24)."""
         started = getattr(self.client, op)(index=index, body=body, conflicts="proceed", refresh=refresh,
                                            params={"slices": "auto", "wait_for_completion": "false",
                                                    "scroll_size": self.by_query_batch, "request_timeout": 60})
@@ -664,13 +683,18 @@ class OpenSearchChunkStore:
         while True:
             try:
                 res = self.client.tasks.get(task_id=task_id, params={
-                    "wait_for_completion": "true", "timeout": "20s", "request_timeout": 60})
+                    "wait_for_completion": "true", "timeout": f"{BY_QUERY_WAIT_S}s", "request_timeout": 60})
             except TransportError as e:
                 if e.status_code != 408:  # 408: not finished within the wait's timeout
                     raise
                 res = {"completed": False}
             if res.get("completed"):
                 break
+            why = answered_problem(cluster_problem(self.client, index=index))
+            if why is not None:
+                with contextlib.suppress(Exception):  # the task may be gone with its node
+                    self.client.tasks.cancel(task_id=task_id, params={"request_timeout": 5})
+                raise TransportError(503, "cluster_unavailable", f"{op} task {task_id} abandoned: {why}")
             if time.monotonic() > deadline:
                 raise TransportError(504, "by_query_timeout",
                                      f"{op} task {task_id} did not finish within {timeout_s:.0f} s")
