@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from typing import Annotated
 from urllib.parse import unquote_plus
 
@@ -22,13 +23,16 @@ from starlette.concurrency import run_in_threadpool
 from scopekb import ops
 from scopekb.http.jsonlimits import loads_bounded
 from scopekb.logging import bind_context, clear_context, get_logger
-from scopekb.models import Source
-from scopekb.refs import short_name, source_tracks
+from scopekb.models import Source, ref_name_problem
+from scopekb.refs import HEADS, TAGS, short_name, source_tracks
+from scopekb.render import field
 from scopekb.sources import delivery_targets, matching_sources, sources_of_owner
 from scopekb_ingester.providers import PROVIDERS, BadRequest, Parsed, Provider, decode_body
 from scopekb_ingester.state import Ingester, ingester
 
 log = get_logger("scopekb.ingester")
+#: A delivery id kept as task and job id: GitHub/Gitea send UUIDs, GitLab a UUID, Bitbucket ``{uuid}``.
+_DELIVERY_ID = re.compile(r"[A-Za-z0-9._:{}-]{1,200}")
 
 WEBHOOKS = Counter("scopekb_webhooks_total", "Webhook deliveries by provider and outcome",
                    ["provider", "outcome"])
@@ -134,8 +138,10 @@ def _process(ing: Ingester, provider: str, prov: Provider, raw: bytes, headers: 
     """Everything after the body is read: parse, find sources, verify, dedupe, enqueue."""
     event = prov.header(headers, prov.event_headers)
     delivery = prov.header(headers, prov.delivery_headers)
-    if not event or not delivery or len(delivery) > 200 or len(event) > 100:
+    if not event or not delivery or len(event) > 100:
         return _err(400, "missing event or delivery header", provider, "bad_request")
+    if not _DELIVERY_ID.fullmatch(delivery):  # it becomes the task and job id (URLs, logs): hostile review 2, H5
+        return _err(400, "invalid delivery id: 1-200 letters, digits and . _ : - { } only", provider, "bad_request")
     bind_context(delivery_id=delivery, provider=provider, event=event)
     try:
         parsed = prov.parse(event, decode_body(raw, headers.get("content-type")))
@@ -146,6 +152,13 @@ def _process(ing: Ingester, provider: str, prov: Provider, raw: bytes, headers: 
         return eligible
     if parsed.kind == "ping":
         return _pong(provider, parsed, eligible)
+    for push in parsed.pushes:  # git check-ref-format rules, as for a registered ref (hostile review 2, H4)
+        problem = ref_name_problem(short_name(push.ref), glob=False) if push.ref.startswith((HEADS, TAGS)) else None
+        if problem is None and len(push.ref) > 300:
+            problem = "more than 300 characters"
+        if problem:
+            return _err(400, f"pushed ref {field(push.ref, 100)} is not a valid ref name: {problem}", provider,
+                        "bad_request")
     work = [(push, [s for s in eligible if source_tracks(s, push.ref)]) for push in parsed.pushes]
     work = [(push, targets) for push, targets in work if targets]
     if parsed.kind == "ignored" or not work:

@@ -198,3 +198,28 @@ def test_bad_signatures_and_unknown_repositories_stay_4xx(ingester: TestClient, 
         body, headers = request_for(host, ex["event"], json.dumps(other).encode())
         r = _post(ingester, host, body, headers)
         assert r.status_code in (404, 200) if not (name or owner) else r.status_code == 404, (ex["event"], r.text)
+
+
+def _github_push(ref: str) -> bytes:
+    push = next(ex["body"] for ex in corpus("github") if ex["event"] == "push" and
+                str(ex["body"].get("ref", "")).startswith("refs/heads/"))
+    return json.dumps({**push, "ref": ref}).encode()
+
+
+@pytest.mark.parametrize("ref", ["refs/heads/../../etc", "refs/heads/--upload-pack=touch /tmp/pwn",
+                                 "refs/heads/a\u0000b", "refs/heads/" + "x" * 5000, "refs/tags/v1\x1b[2J"])
+def test_pushed_ref_names_are_checked_like_registered_ones(ingester: TestClient, ref: str) -> None:
+    """Hostile review 2 (H4): a pushed ref git check-ref-format refuses gets a 400 naming the reason, bounded."""
+    body, headers = request_for("github", "push", _github_push(ref))
+    r = _post(ingester, "github", body, headers)
+    assert r.status_code == 400 and "is not a valid ref name" in r.json()["detail"], r.text
+    assert len(r.text) < 500 and "\x1b" not in r.text
+
+
+@pytest.mark.parametrize("did", ["<img src=x onerror=alert(1)>", "\x1b[31mred", "../../x", "d" * 5000, "a b"])
+def test_delivery_ids_that_cannot_be_job_ids_are_refused(ingester: TestClient, did: str) -> None:
+    """Hostile review 2 (H5): the delivery id becomes the task and job id, so only a safe alphabet is taken."""
+    body, headers = request_for("github", "push", _github_push("refs/heads/main"))
+    headers["X-GitHub-Delivery"] = did
+    r = _post(ingester, "github", body, headers)
+    assert r.status_code == 400 and r.json()["detail"].startswith("invalid delivery id"), r.text
