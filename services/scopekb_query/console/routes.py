@@ -20,6 +20,7 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
 from scopekb.auth import ApiKey, AuthError, resolve_scope, tokens_equal
+from scopekb.errors import Refused
 from scopekb.logging import get_logger
 from scopekb.models import Job, SearchRequest, Source, SourceCreate
 from scopekb.render import why_line
@@ -337,14 +338,16 @@ class Console:
                 resp = self._run_search(viewer, form)
                 ctx["resp"] = resp
                 ctx["lines"] = {i: highlight(h.content, h.start_line, form["q"]) for i, h in enumerate(resp.hits)}
-            except (ValidationError, AuthError, SearchUnavailable, ValueError) as e:
-                ctx["error"] = _reason(e)
+            except (ValidationError, AuthError, SearchUnavailable, Refused, ValueError) as e:
+                ctx["error"] = _reason(e)  # Refused: an unknown ref or commit gives REST's 404 reason
             except Exception as e:  # noqa: BLE001 - a backend failure is shown on the page, not as a 500
                 log.warning("console_search_failed", error=type(e).__name__)
                 ctx["error"] = "the search backend is unavailable; try again"
         return self.page(request, viewer, "search.html", **ctx)
 
     def _run_search(self, viewer: Viewer, form: dict[str, str]) -> Any:
+        if form["max"].strip() and not form["max"].strip().isdigit():
+            raise ValueError("max must be a whole number")
         req = SearchRequest(query=form["q"], mode=form["mode"] or "keyword",
                             max_results=int(form["max"]) if form["max"].strip() else 10,
                             file_patterns=_split(form["files"]), languages=_split(form["languages"]),
