@@ -72,7 +72,7 @@ class FakeChunks:
         self.problems = list(problems or [])
         self.ensure_error = ensure_error
 
-    def problem(self) -> str | None:
+    def problem(self, recovering: bool = False) -> str | None:
         return self.problems.pop(0) if self.problems else None
 
     def ensure_index(self) -> str:

@@ -340,10 +340,12 @@ def _resume_after_wait(rt: Runtime, job_id: str) -> None:
 
 
 def _cluster_problem(rt: Runtime) -> str | None:
-    """Why the search cluster says it cannot serve now (red, no elected cluster manager), or None: also when no
-    node answers (an outage is retried with backoff and bounded attempts, like any transient failure)."""
+    """Why the search cluster says it cannot serve now (red, no elected cluster manager, shard copies still
+    recovering after nodes came back), or None: also when no node answers (an outage is retried with backoff and
+    bounded attempts, like any transient failure). Asked after a step failed, so a recovering cluster is waited for
+    (a deferral) rather than spending the task's attempts (issue 24)."""
     try:
-        return answered_problem(rt.chunks.problem())
+        return answered_problem(rt.chunks.problem(recovering=True))
     except Exception:  # noqa: BLE001 - the question is best effort; the task's retry policy applies instead
         return None
 

@@ -97,7 +97,8 @@ def _raw_hits(res: dict[str, Any]) -> list[RawHit]:
     return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]
 
 
-def cluster_problem(client: OpenSearch, index: str | None = None, timeout_s: float = 2.0) -> str | None:
+def cluster_problem(client: OpenSearch, index: str | None = None, timeout_s: float = 2.0,
+                    recovering: bool = False) -> str | None:
     """Why the cluster cannot serve now, in one line, or None when it can (green or yellow).
 
     Asks the node the client reaches for its *local* view of ``_cluster/health`` (``local=true``), which answers
@@ -105,6 +106,12 @@ def cluster_problem(client: OpenSearch, index: str | None = None, timeout_s: flo
     ``cluster_manager_not_discovered_exception``). ``index`` narrows the status to that index (an alias works).
     Examples: ``"cluster red: no elected cluster manager (a majority of cluster-manager nodes is unreachable)"``,
     ``"cluster red: 2 primary shard(s) unassigned"``, ``"unreachable: ConnectionError"``.
+
+    With ``recovering`` a green or yellow cluster whose shard copies are still initializing or relocating is also a
+    problem (``"cluster yellow: recovering, 2 shard copies initializing, 0 relocating"``): right after nodes come
+    back, writes fail for a while with ``shard_not_in_primary_mode_exception`` / ``retry_on_primary_exception``
+    (HTTP 500) although the status is no longer red. A worker asks this after a failed write, to wait for the
+    recovery instead of spending an attempt; readiness and search errors do not (a yellow cluster serves).
     """
     health: dict[str, Any] = {}
     nodes = len(getattr(getattr(client, "transport", None), "hosts", None) or [None])
@@ -128,6 +135,9 @@ def cluster_problem(client: OpenSearch, index: str | None = None, timeout_s: flo
     if status == "red":
         unassigned = int(health.get("unassigned_shards", 0))
         return f"cluster red: {unassigned} shard copies unassigned, a primary among them"
+    moving = int(health.get("initializing_shards", 0)), int(health.get("relocating_shards", 0))
+    if recovering and any(moving):
+        return f"cluster {status}: recovering, {moving[0]} shard copies initializing, {moving[1]} relocating"
     return None
 
 
@@ -429,9 +439,10 @@ class OpenSearchChunkStore:
         (:func:`explain_failure`)."""
         return explain_failure(self.client, translate_opensearch(exc), index=self.alias)
 
-    def problem(self) -> str | None:
-        """Why the cluster cannot serve the chunk index now, in one line, or None (:func:`cluster_problem`)."""
-        return cluster_problem(self.client, index=self.alias)
+    def problem(self, recovering: bool = False) -> str | None:
+        """Why the cluster cannot serve the chunk index now, in one line, or None (:func:`cluster_problem`; with
+        ``recovering`` shard copies still initializing or relocating count too)."""
+        return cluster_problem(self.client, index=self.alias, recovering=recovering)
 
     def cluster_health(self) -> dict[str, Any]:
         """The cluster as ``scopekb status`` and ``GET /v1/status`` show it, from the node reached's local view of

@@ -139,7 +139,7 @@ class SqliteChunkStore:
         kind = f"{self.dimension}-{tag}" if self.dimension else "kw"
         return f"sqlite:{self.path}#chunks-s{SCHEMA_VERSION}-{kind}"
 
-    def problem(self) -> str | None:
+    def problem(self, recovering: bool = False) -> str | None:
         """Nothing to report beyond :meth:`health` (a local file): always None."""
         return None
 

@@ -1,0 +1,49 @@
+"""cluster_problem: what a worker waits for (red, no cluster manager, shards recovering) and what readiness reports.
+
+A fake client answers ``cluster.health`` (pure logic; the real cluster is exercised by tests/faults).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scopekb.stores.opensearch import cluster_problem
+
+
+class _Cluster:
+    def __init__(self, health: dict[str, Any]) -> None:
+        self.health_doc = health
+
+    def health(self, index: str | None = None, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.health_doc
+
+
+class _Client:
+    def __init__(self, health: dict[str, Any]) -> None:
+        self.cluster = _Cluster(health)
+
+
+def _health(status: str, initializing: int = 0, relocating: int = 0, unassigned: int = 0) -> dict[str, Any]:
+    return {"status": status, "discovered_cluster_manager": True, "initializing_shards": initializing,
+            "relocating_shards": relocating, "unassigned_shards": unassigned}
+
+
+def test_a_serving_cluster_with_recovering_shards_is_not_a_problem_for_readiness() -> None:
+    assert cluster_problem(_Client(_health("yellow", initializing=2))) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("status", ["yellow", "green"])
+def test_recovering_shards_are_a_problem_a_worker_waits_for(status: str) -> None:
+    why = cluster_problem(_Client(_health(status, initializing=2, relocating=1)), recovering=True)  # type: ignore[arg-type]
+    assert why == f"cluster {status}: recovering, 2 shard copies initializing, 1 relocating"
+
+
+def test_a_settled_cluster_is_no_problem_even_when_asked_about_recovery() -> None:
+    assert cluster_problem(_Client(_health("green")), recovering=True) is None  # type: ignore[arg-type]
+
+
+def test_red_is_reported_either_way() -> None:
+    for recovering in (False, True):
+        why = cluster_problem(_Client(_health("red", unassigned=3)), recovering=recovering)  # type: ignore[arg-type]
+        assert why is not None and why.startswith("cluster red")
