@@ -574,8 +574,9 @@ def eval_cmd(source_id: Annotated[str, typer.Argument(help="a registered git sou
              sample: Annotated[int, typer.Option(min=1, max=2000, help="queries per set (at most)")] = 100,
              kind: Annotated[list[str] | None, typer.Option("--set", help="history and/or docstring (default: both)")
                              ] = None,
-             tune: Annotated[bool, typer.Option(help="choose the context's hybrid weights from the sets and record "
-                                                     "them (applied only when the gain's 95% interval excludes 0)")
+             tune: Annotated[bool, typer.Option(help="choose the context's hybrid weights and keyword field boosts "
+                                                     "from the sets and record them (each applied only when its "
+                                                     "gain's 95% interval excludes 0)")
                              ] = False,
              as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Measure retrieval quality of a source on sets mined from its own repository: commit subjects → the
@@ -600,14 +601,24 @@ def eval_cmd(source_id: Annotated[str, typer.Argument(help="a registered git sou
                 tasks[phase] = bar.add_task(f"{phase} set", total=total)
             bar.update(tasks[phase], completed=done, total=total)
 
-        head, sets = evaluation.build_and_search(rt, src, sample=sample, kinds=kinds, progress=progress)
+        head, sets = evaluation.build_and_search(rt, src, sample=sample, kinds=kinds, progress=progress,
+                                                 boosts=tuning.BOOST_CANDIDATES if tune else ())
     if not sets:
         raise CliError("no evaluation query could be mined from this repository (no qualifying commit or "
                        "documented Python function)")
     model = rt.embedder.model_id if rt.embedder is not None else None
     rep = evaluation.report(src, head, sets, store=getattr(rt.chunks, "kind", "?"), model=model)
     if tune:
-        rep["choice"] = tuning.record_choice(rt.records, src, tuning.choose(sets, rt.settings.query), head)
+        choice = {**tuning.choose(sets, rt.settings.query), "keyword_boosts": tuning.choose_boosts(sets)}
+        if rt.settings.query.rerank != "off":
+            from scopekb import rerank
+
+            try:
+                reranker = rerank.for_settings(rt.settings.query)
+            except rerank.RerankError as e:
+                raise CliError(str(e)) from None
+            choice["rerank"] = tuning.choose_rerank(sets, rt.settings.query, reranker)
+        rep["choice"] = tuning.record_choice(rt.records, src, choice, head)
     if as_json:
         out.print_json(json.dumps(rep))
         return

@@ -29,16 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from scopekb import evalsets, scoring
+from scopekb import fields as F
 from scopekb.errors import Refused
 from scopekb.evalsets import EvalQuery, Target
 from scopekb.gitrepo import Mirror
 from scopekb.logging import get_logger
 from scopekb.models import SearchMode, SearchRequest, Source
 from scopekb.realrepo import git
+from scopekb.rerank import hit_text
 from scopekb.runtime import Runtime
 from scopekb.search import run_search
 from scopekb.settings import git_cache_dir
-from scopekb.stores.base import ScopeFilter
+from scopekb.stores.base import ScopeFilter, SearchFilter
 
 log = get_logger(__name__)
 
@@ -64,6 +66,8 @@ class Lists:
     keyword: list[tuple[str, float]] = field(default_factory=list)
     vector: list[tuple[str, float]] = field(default_factory=list)
     hits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: keyword lists with other field boosts (:data:`scopekb.tuning.BOOST_CANDIDATES`), when asked for
+    keyword_by_boosts: dict[tuple[float, ...], list[tuple[str, float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -96,8 +100,18 @@ def per_query(es: EvalSet, mode: str, keyword_weight: float = 0.3,
             for q, ls in zip(es.queries, es.lists, strict=True)]
 
 
-def _search_lists(rt: Runtime, scope: ScopeFilter, query: str, depth: int) -> Lists:
+def _search_lists(rt: Runtime, scope: ScopeFilter, query: str, depth: int,
+                  boosts: tuple[tuple[float, ...], ...] = ()) -> Lists:
     out = Lists()
+    with_text = rt.settings.query.rerank != "off"
+    for b in boosts:
+        lst = []
+        for _id, score, doc in rt.chunks.keyword_search(query[:4096], SearchFilter(scope=scope), depth, boosts=b):
+            hid = f"{doc[F.PATH]}#{doc[F.CHUNK_INDEX]}"
+            out.hits.setdefault(hid, {"path": doc[F.PATH], "start_line": doc[F.START_LINE],
+                                      "end_line": doc[F.END_LINE]})
+            lst.append((hid, score))
+        out.keyword_by_boosts[tuple(b)] = lst
     modes = [SearchMode.keyword] + ([SearchMode.vector] if rt.embedder is not None else [])
     for mode in modes:
         req = SearchRequest(query=query[:4096], mode=mode, max_results=depth)
@@ -107,6 +121,8 @@ def _search_lists(rt: Runtime, scope: ScopeFilter, query: str, depth: int) -> Li
         for h in resp.hits:
             hid = f"{h.path}#{h.chunk_index}"
             out.hits[hid] = {"path": h.path, "start_line": h.start_line, "end_line": h.end_line}
+            if with_text:  # for choose_rerank
+                out.hits[hid]["text"] = hit_text(h.path, h.symbol, h.content)
             lst.append((hid, h.score))
         setattr(out, mode.value, lst)
     return out
@@ -180,10 +196,12 @@ def _remove(rt: Runtime, src: Source) -> None:
 
 
 def build_and_search(rt: Runtime, source: Source, sample: int = 100, kinds: tuple[str, ...] = KINDS,
-                     progress: Progress | None = None, seed: int = 11) -> tuple[str, list[EvalSet]]:
+                     progress: Progress | None = None, seed: int = 11,
+                     boosts: tuple[tuple[float, ...], ...] = ()) -> tuple[str, list[EvalSet]]:
     """Mine the sets of ``source`` at its ref's head, index them transiently and search every query.
 
-    Returns ``(head commit, sets)``; a kind with no qualifying query is left out.
+    Returns ``(head commit, sets)``; a kind with no qualifying query is left out. ``boosts``: keyword field
+    boost candidates each query is also searched with (``Lists.keyword_by_boosts``, for ``--tune``).
 
     Raises:
         EvalRefused: not a git source, its ref does not resolve, or ``sample`` < 1.
@@ -220,7 +238,7 @@ def build_and_search(rt: Runtime, source: Source, sample: int = 100, kinds: tupl
                     _sync(rt, src, allow_local=False)
                     for i, q in enumerate(qs):
                         if q.at == parent:
-                            lists[i] = _search_lists(rt, ScopeFilter(agent, ("history",)), q.query, depth)
+                            lists[i] = _search_lists(rt, ScopeFilter(agent, ("history",)), q.query, depth, boosts)
                     if progress:
                         progress("history", n + 1, len(order))
                 sets.append(EvalSet("history", qs, [lists[i] for i in range(len(qs))]))
@@ -245,7 +263,7 @@ def build_and_search(rt: Runtime, source: Source, sample: int = 100, kinds: tupl
                 _sync(rt, src, allow_local=True)
                 dl = []
                 for n, q in enumerate(qs):
-                    dl.append(_search_lists(rt, ScopeFilter(agent, ("docstring",)), q.query, depth))
+                    dl.append(_search_lists(rt, ScopeFilter(agent, ("docstring",)), q.query, depth, boosts))
                     if progress and (n % 10 == 9 or n == len(qs) - 1):
                         progress("docstring", n + 1, len(qs))
                 sets.append(EvalSet("docstring", qs, dl))

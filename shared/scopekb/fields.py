@@ -49,8 +49,22 @@ DEF_KINDS = "def_kinds"
 #: 5: vectors back in ``_source`` (4 left them out, and a membership update dropped them).
 MAPPING_VERSION = 5
 
-#: BM25 field boosts (the Turso seed weights name 5.0 and signature 3.0 over content).
-KEYWORD_FIELDS = [f"{SYMBOL}^5", f"{SIGNATURE}^3", CONTENT, f"{PATH_TEXT}^2"]
+#: BM25 field boosts in the order symbol, signature, content, path (the Turso seed weights name 5.0 and signature
+#: 3.0 over content). A context may use others chosen on its own evaluation set (``scopekb eval --tune``,
+#: :mod:`scopekb.tuning`); both stores take them as :func:`keyword_fields` / bm25() column weights.
+KEYWORD_BOOSTS: tuple[float, float, float, float] = (5.0, 3.0, 1.0, 2.0)
+
+
+def keyword_fields(boosts: tuple[float, ...] | None = None) -> list[str]:
+    """The ``multi_match`` fields with their boosts (``None``: :data:`KEYWORD_BOOSTS`); a boost of 0 leaves the
+    field out. Raises ValueError unless four finite boosts >= 0 with one > 0 are given."""
+    b = KEYWORD_BOOSTS if boosts is None else tuple(float(x) for x in boosts)
+    if len(b) != 4 or not all(x == x and 0 <= x < 1e6 for x in b) or not any(b):
+        raise ValueError(f"keyword boosts must be four numbers >= 0, one of them > 0: {boosts!r}")
+    return [f"{name}^{w:g}" for name, w in zip((SYMBOL, SIGNATURE, CONTENT, PATH_TEXT), b, strict=True) if w > 0]
+
+
+KEYWORD_FIELDS = keyword_fields()
 
 #: The OpenSearch ``multi_match`` of keyword search (besides ``query``): the fields searched as one field
 #: (``cross_fields``, term by term: best field + 0.3 × the others), which is what FTS5's ``bm25()`` over the columns of

@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from scopekb import fields as F
-from scopekb import scoring, tuning
+from scopekb import rerank, scoring, tuning
 from scopekb.errors import Refused
+from scopekb.logging import get_logger
 from scopekb.models import (
     LINE_MODES,
     FieldMatch,
@@ -39,6 +40,8 @@ from scopekb.stores.base import (
 )
 from scopekb.stores.sqlite.text import index_tokens, query_tokens
 from scopekb.textsearch import LinePattern
+
+log = get_logger(__name__)
 
 #: Turns a query text into a vector, or None in keyword-only mode.
 QueryEmbedder = Callable[[str], Sequence[float]]
@@ -109,7 +112,8 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
 
     ``records``: where a context's ranking choice is recorded (:mod:`scopekb.tuning`, ``scopekb eval --tune``);
     a hybrid search of exactly one context with an applied choice uses its weights (and its fusion, unless the
-    request names ``fusion``). None: the settings' weights.
+    request names ``fusion``); a keyword or hybrid search of it uses its chosen keyword field boosts. None: the
+    settings' weights and the default boosts.
 
     ``max_results`` is capped at ``cfg.max_results_cap``; hits under ``min_score`` are dropped. No hit is an
     empty, successful response. Each hit carries its reason (:class:`HitReason`: matched terms and fields,
@@ -148,7 +152,7 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     elif req.mode == SearchMode.symbol:
         hits, notice = _symbol_search(store, req, flt, cfg, fetch)
     else:
-        chosen = tuning.ranking_for(records, scope) if req.mode == SearchMode.hybrid else None
+        chosen = tuning.ranking_for(records, scope) if req.mode != SearchMode.vector else None
         hits, notice = _ranked_search(store, req, flt, cfg, fetch, embed, chosen)
         if notice:  # the vector list was unavailable: the answer says keyword, the mode that ran
             mode = SearchMode.keyword
@@ -168,7 +172,8 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
                    ) -> tuple[list[SearchHit], str | None]:
     """keyword / vector / hybrid: scores normalised to [0, 1] (DESIGN §5), best first, each hit with its ranks in
     the keyword and vector lists, the fusion and the matched terms per field (:class:`HitReason`). ``chosen``: the
-    context's applied ranking choice (:func:`scopekb.tuning.ranking_for`), else the settings' weights."""
+    context's applied ranking choice (:func:`scopekb.tuning.ranking_for`: fusion weights and/or keyword field
+    boosts), else the settings' weights and :data:`scopekb.fields.KEYWORD_BOOSTS`."""
     depth = max(size * cfg.candidate_factor, size)
     docs: dict[str, dict[str, Any]] = {}
     notice = None
@@ -178,19 +183,23 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
     vh: list[RawHit] = []
     kw: list[RawHit] = []
     both = getattr(store, "hybrid_search", None) if req.mode == SearchMode.hybrid else None
+    boosts = {"boosts": chosen.boosts} if chosen is not None and chosen.boosts is not None else {}
     kw_done = False
     if req.mode != SearchMode.keyword:
         try:
             if both is not None:  # one round trip for both lists (issue 20)
-                kw, vh = both(req.query, embed(req.query), flt, depth, depth)
+                kw, vh = both(req.query, embed(req.query), flt, depth, depth, **boosts)
                 kw_done = True
             else:
                 vh = store.vector_search(embed(req.query), flt, depth if req.mode == SearchMode.hybrid else size)
         except StoreVersionMismatch as e:  # the alias moved to another model mid-flight: answer by keyword
             notice = f"vector search unavailable ({e}); answered by keyword"
     kw_norm: dict[str, float] = {}
+    rerank_on = chosen is not None and chosen.rerank and cfg.rerank != "off"
+    if chosen is not None and chosen.fusion == "default":  # only boosts or reranking were chosen
+        chosen = None
     if req.mode == SearchMode.keyword or notice:
-        kw = store.keyword_search(req.query, flt, size)
+        kw = store.keyword_search(req.query, flt, size, **boosts)
         docs.update({i: d for i, _, d in kw})
         ranked = scoring.normalise_by_max([(i, s) for i, s, _ in kw])
         kw_norm = dict(ranked)
@@ -202,7 +211,7 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
             how = "vector"
         else:
             if not kw_done:
-                kw = store.keyword_search(req.query, flt, depth)
+                kw = store.keyword_search(req.query, flt, depth, **boosts)
             docs.update({i: d for i, _, d in kw})
             kw_list, vec_list = [(i, s) for i, s, _ in kw], [(i, s) for i, s, _ in vh]
             kw_norm = scoring.min_max(kw_list)
@@ -216,11 +225,33 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
                 ranked = scoring.weighted_fusion(kw_list, vec_list, kw_w, vec_w)
                 how = f"weighted {kw_w:g}×keyword + {vec_w:g}×vector" + (
                     " (this context's tuned weights)" if chosen is not None else "")
+    if rerank_on and req.mode != SearchMode.vector and len(ranked) > 1:
+        ranked, how = _rerank(req.query, ranked, docs, cfg, how)
     ranks = _Ranks(kw={i: n for n, (i, _, _) in enumerate(kw, 1)}, kw_norm=kw_norm,
                    vec={i: n for n, (i, _, _) in enumerate(vh, 1)}, vec_score={i: s for i, s, _ in vh},
                    fusion=how, terms=tuple(dict.fromkeys(query_tokens(req.query))))
     return [_hit(docs[i], score, why=ranks.reason(i, docs[i]))
             for i, score in ranked if round(score, 6) >= req.min_score][:size], notice
+
+
+def _rerank(query: str, ranked: list[tuple[str, float]], docs: dict[str, dict[str, Any]], cfg: QuerySettings,
+            how: str) -> tuple[list[tuple[str, float]], str]:
+    """The best ``cfg.rerank_depth`` of ``ranked`` reordered by the configured reranker (:mod:`scopekb.rerank`);
+    they keep the fused scores' values in descending order, so scores stay in [0, 1] and best first. A failing
+    reranker leaves the fused order (logged)."""
+    top = [i for i, _ in ranked[:cfg.rerank_depth]]
+    try:
+        reranker = rerank.for_settings(cfg)
+        if reranker is None:
+            return ranked, how
+        order = rerank.rerank_order(reranker, query, top, [
+            rerank.hit_text(str(docs[i].get(F.PATH, "")), docs[i].get(F.SYMBOL), str(docs[i].get(F.CONTENT, "")))
+            for i in top])
+    except rerank.RerankError as e:
+        log.warning("rerank_failed", error=str(e))
+        return ranked, how
+    scores = [s for _, s in ranked[:len(top)]]
+    return list(zip(order, scores, strict=True)) + ranked[len(top):], f"{how}, top {len(top)} reranked ({cfg.rerank})"
 
 
 def _line_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg: QuerySettings, size: int,

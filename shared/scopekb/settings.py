@@ -164,6 +164,10 @@ class ChunkingSettings(BaseModel):
     estimate_chars_per_token: float = 2.5
     #: Prefix the text sent to the embedder with path, language and symbol context (``embedding_text``).
     embed_context: bool = True
+    #: What that prefix holds (issue 21 experiments): ``full`` = path, language, symbol (kind), enclosing
+    #: definition; ``words`` = the same plus the symbol's and file name's identifier parts as plain words
+    #: (``Map.bind_to_environ`` → ``map bind to environ``).
+    embed_header: Literal["full", "words"] = "full"
     #: Tokens kept free inside the model limit for that prefix (only when ``embed_context`` is on).
     context_reserve_tokens: int = 32
     #: Syntax-aware chunking with tree-sitter where a grammar is installed; off means line windows for code.
@@ -236,6 +240,18 @@ class QuerySettings(BaseModel):
     #: (issue 20): the keys version is read at most this often, the embedded profile's key lookups and every
     #: scope's pinned refs are cached this long. The process that revokes (or pins) applies it at once.
     revocation_bound_s: float = Field(default=1.0, ge=0, le=30)
+    #: Cross-encoder reranker stage (:mod:`scopekb.rerank`, issue 21): ``off`` (default), ``http`` (an
+    #: OpenAI-compatible ``POST {rerank_url}/rerank`` endpoint) or ``cross_encoder`` (a sentence-transformers
+    #: CrossEncoder loaded from the local folder ``rerank_model``, never downloaded). Even when configured, a
+    #: context's keyword/hybrid hits are reranked only after ``scopekb eval --tune`` found that it wins on the
+    #: context's own sets (gain's 95% interval above 0): published results show rerankers often hurt on code.
+    rerank: Literal["off", "http", "cross_encoder"] = "off"
+    rerank_url: str | None = None
+    rerank_model: str | None = None
+    rerank_api_key: SecretStr | None = None
+    #: The best this many fused hits are reranked (the rest keep their order below them).
+    rerank_depth: int = Field(default=20, ge=2, le=200)
+    rerank_timeout_s: float = Field(default=10.0, gt=0, le=120)
 
     def regex_limits(self) -> RegexLimits:
         """The regex bounds as :class:`scopekb.textsearch.RegexLimits`."""

@@ -535,6 +535,22 @@ def test_identifier_search_finds_the_whole_identifier_first(corpus: ChunkStore) 
     assert {h[2][F.PATH] for h in corpus.keyword_search("timeutil", flt(scope(0)), 5)} == {"src/pkg/timeutil.py"}
 
 
+def test_keyword_field_boosts_change_the_order_on_both_stores(backend: Backend) -> None:
+    """Per-context keyword boosts (issue 21, ``scopekb eval --tune``): the same query ranks a symbol match first
+    with the default boosts and a content match first when the symbol field is left out."""
+    store = backend.make("boosts", dimension=None, model=None)
+    store.bulk_write([
+        mkdoc("b", "c", "s", "src/one.py", "return 1", symbol="frobnicate", vector=None),
+        mkdoc("b", "c", "s", "src/two.py", "frobnicate frobnicate the widget frobnicate", chunk_index=1,
+              vector=None)], refresh=True)
+    f = flt(scope(agent="b", contexts=("c",)))
+    assert store.keyword_search("frobnicate", f, 5)[0][2][F.PATH] == "src/one.py"
+    assert [h[2][F.PATH] for h in store.keyword_search("frobnicate", f, 5, boosts=(0.0, 1.0, 1.0, 1.0))] \
+        == ["src/two.py"]
+    with pytest.raises(ValueError):
+        store.keyword_search("frobnicate", f, 5, boosts=(0.0, 0.0, 0.0, 0.0))
+
+
 def test_tokenisation_matches_the_opensearch_analyzers(opensearch_client: Any) -> None:
     """The SQLite store's Python tokeniser produces the same terms as the analyzers of scopekb.fields."""
     from collections import Counter

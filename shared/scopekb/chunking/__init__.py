@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,6 +246,20 @@ def _crude(text: str, cfg: ChunkingSettings) -> list[Chunk]:  # pragma: no cover
     return out
 
 
+_IDENT = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+_CAMEL = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def identifier_words(text: str) -> list[str]:
+    """Lower-case words of the identifiers in ``text``, split at ``_``, ``.`` and camelCase, first occurrence
+    kept: ``"HTTPClient.send_request"`` → ``["http", "client", "send", "request"]``."""
+    out: dict[str, None] = {}
+    for ident in _IDENT.findall(text.replace("_", " ")):
+        for w in _CAMEL.findall(ident):
+            out.setdefault(w.lower(), None)
+    return list(out)
+
+
 def embedding_text(path: str, language: str, chunk: Chunk, cfg: ChunkingSettings,
                    counter: TokenCounter | None = None) -> str:
     """The text to embed for a chunk: a short context header, a blank line, then the chunk content.
@@ -269,6 +284,11 @@ def embedding_text(path: str, language: str, chunk: Chunk, cfg: ChunkingSettings
     header = [f"path: {path}", f"language: {language}"]
     if chunk.symbol:
         header.append(f"symbol: {chunk.symbol} ({chunk.kind})")
+    if cfg.embed_header == "words":
+        stem = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+        words = identifier_words(f"{chunk.symbol or ''} {stem}")
+        if words:
+            header.append("words: " + " ".join(words))
     headings = chunk.metadata.get("headings") if isinstance(chunk.metadata, dict) else None
     if headings:
         header.append("section: " + " > ".join(str(h) for h in headings))

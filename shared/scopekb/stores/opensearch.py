@@ -848,8 +848,10 @@ class OpenSearchChunkStore:
         hits = res["hits"]["hits"]
         return dict(hits[0]["_source"]) if hits else None
 
-    def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0) -> list[RawHit]:
-        """BM25 over symbol^5, signature^3, content and path^2 (:data:`F.KEYWORD_MATCH`), within ``filters``.
+    def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0,
+                       boosts: tuple[float, ...] | None = None) -> list[RawHit]:
+        """BM25 over symbol^5, signature^3, content and path^2 (:data:`F.KEYWORD_MATCH`; ``boosts``: other field
+        boosts in that order, :func:`F.keyword_fields`), within ``filters``.
 
         The fields are searched as one (``cross_fields``: each query term scores by its best field plus 0.3 of
         the others), like the SQLite store's FTS5 ``bm25()`` over all its columns; ``best_fields`` (the best field
@@ -858,7 +860,7 @@ class OpenSearchChunkStore:
         content sha, chunk index and path so pages are stable.
         """
         try:
-            res = self.client.search(index=self.alias, body=self._keyword_body(query, flt, size, offset),
+            res = self.client.search(index=self.alias, body=self._keyword_body(query, flt, size, offset, boosts),
                                      params=_WHOLE_RESULTS)
         except NotFoundError:
             return []
@@ -867,11 +869,13 @@ class OpenSearchChunkStore:
         return _raw_hits(res)
 
     @staticmethod
-    def _keyword_body(query: str, flt: SearchFilter, size: int, offset: int = 0) -> dict[str, Any]:
+    def _keyword_body(query: str, flt: SearchFilter, size: int, offset: int = 0,
+                      boosts: tuple[float, ...] | None = None) -> dict[str, Any]:
         return {
             "size": size, "from": offset,
             "query": {"bool": {"filter": filter_clauses(flt), "must": [{"multi_match": {
-                "query": query, **F.KEYWORD_MATCH}}]}},
+                "query": query, **F.KEYWORD_MATCH,
+                **({"fields": F.keyword_fields(boosts)} if boosts is not None else {})}}]}},
             "sort": [{"_score": "desc"}, {F.CONTENT_SHA: "asc"}, {F.CHUNK_INDEX: "asc"}, {F.PATH: "asc"},
                      {F.SOURCE_ID: "asc"}, {F.CONTEXT_ID: "asc"}, {F.AGENT_NAME: "asc"}],
             "track_scores": True,
@@ -921,14 +925,15 @@ class OpenSearchChunkStore:
                         "field": F.EMBEDDING, "query_value": list(vector), "space_type": "cosinesimil"}}}}}}
         return body
 
-    def hybrid_search(self, query: str, vector: Sequence[float], flt: SearchFilter, size: int, k: int
-                      ) -> tuple[list[RawHit], list[RawHit]]:
-        """:meth:`keyword_search` (``size``) and :meth:`vector_search` (``k``) in one round trip (``_msearch``,
-        issue 20): ``(keyword hits, vector hits)``, each as its method returns them. Raises what they raise."""
+    def hybrid_search(self, query: str, vector: Sequence[float], flt: SearchFilter, size: int, k: int,
+                      boosts: tuple[float, ...] | None = None) -> tuple[list[RawHit], list[RawHit]]:
+        """:meth:`keyword_search` (``size``, ``boosts``) and :meth:`vector_search` (``k``) in one round trip
+        (``_msearch``, issue 20): ``(keyword hits, vector hits)``, each as its method returns them. Raises what
+        they raise."""
         if not self.dimension:
-            return self.keyword_search(query, flt, size), []
+            return self.keyword_search(query, flt, size, boosts=boosts), []
         head = {"index": self.alias, "allow_partial_search_results": False}
-        body = [head, self._keyword_body(query, flt, size), head, self._vector_body(vector, flt, k)]
+        body = [head, self._keyword_body(query, flt, size, 0, boosts), head, self._vector_body(vector, flt, k)]
         try:
             res = self.client.msearch(body=body)
         except NotFoundError:

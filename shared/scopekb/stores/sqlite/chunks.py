@@ -39,7 +39,7 @@ log = get_logger("scopekb.stores.sqlite")
 SCHEMA_VERSION = 2
 
 #: bm25() column weights in FTS column order (symbol, signature, content, path), as in ``F.KEYWORD_FIELDS``.
-BM25_WEIGHTS = (5.0, 3.0, 1.0, 2.0)
+BM25_WEIGHTS = F.KEYWORD_BOOSTS
 
 _KEYWORD = frozenset({F.AGENT_NAME, F.CONTEXT_ID, F.SOURCE_ID, F.REPO, F.REF, F.COMMIT, F.PATH, F.LANGUAGE, F.KIND,
                       F.CONTENT_SHA, F.BLOB_SHA, F.EMBEDDING_MODEL})
@@ -743,8 +743,10 @@ class SqliteChunkStore:
                 return 0
             return int(conn.execute(f"SELECT COUNT(*) FROM chunks c WHERE {where}", args).fetchone()[0])
 
-    def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0) -> list[RawHit]:
-        """BM25 (FTS5) over symbol×5, signature×3, content×1 and path×2 within ``flt``.
+    def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0,
+                       boosts: tuple[float, ...] | None = None) -> list[RawHit]:
+        """BM25 (FTS5) over symbol×5, signature×3, content×1 and path×2 within ``flt`` (``boosts``: other column
+        weights in that order; validated as :func:`scopekb.fields.keyword_fields` does).
 
         Query identifiers are kept whole and any of them may match (OR). Returns ``(doc id, raw score > 0, stored
         fields)`` best first; ties are broken by content_sha, chunk_index, then id, so pages are stable. A query
@@ -755,7 +757,12 @@ class SqliteChunkStore:
             return []
         match = " OR ".join(f'"{t}"' for t in terms)
         where, args = _filter_sql(flt)
-        weights = ", ".join(str(w) for w in BM25_WEIGHTS)
+        if boosts is not None:
+            F.keyword_fields(boosts)  # validates
+            if not all(boosts):  # a field with boost 0 is left out, as on OpenSearch: match the others only
+                cols = [c for c, w in zip(("symbol", "signature", "content", "path"), boosts, strict=True) if w]
+                match = "{" + " ".join(cols) + "} : (" + match + ")"
+        weights = ", ".join(str(float(w)) for w in (BM25_WEIGHTS if boosts is None else boosts))
         # rank on the slim rows first, then read the stored fields of the page only
         sql = ("SELECT t.id, t.score, d.doc FROM ("
                f"SELECT c.rowid AS rid, c.id AS id, -bm25(chunks_fts, {weights}) AS score, c.content_sha AS cs,"
