@@ -49,6 +49,8 @@ def _check(env: dict[str, str], tmp: Path, repo: Path, store: str) -> None:
             assert 0.0 <= m["ci95"][0] <= m["mean"] <= m["ci95"][1] <= 1.0, (kind, metric, m)
     # keyword-only: nothing to choose, so nothing applied; recorded and shown all the same
     assert rep["choice"]["applied"] is False and rep["choice"]["context_id"] == "self"
+    kb = rep["choice"]["keyword_boosts"]  # boosts are chosen by keyword alone: measured on the real store
+    assert len(kb["boosts"]) == 4 and 0.0 <= kb["default_ndcg10"] <= kb["ndcg10"] <= 1.0
     st = run(["status", "--json"], env, tmp)
     rows = json.loads(st.stdout)
     assert [r["source"] for r in rows] == [sid]  # the transient evaluation sources are gone

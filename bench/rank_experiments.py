@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Ranking experiments of issue 21 on the bench's quality sets (development tool, not part of ``bench/run``).
+
+Two steps:
+
+``search`` — index one set of :data:`scopekb_bench.sets.SETS` (or ``corpus``: requests/click/itsdangerous/flask
+of the first quality set, docstring → function with scopekb's own miner) with ``scopekb eval``'s code
+(:func:`scopekb.evaluation.build_and_search`) on the distributed stores started by ``scripts/services``, with the
+local model and the settings given as ``SCOPEKB_*`` environment overrides (the *variant*), searching each query
+``--depth`` deep, and pickle the keyword/vector lists under ``.services/cache/rank-exp/<variant>/<set>.pkl``.
+Vectors are cached by (model, embedding text) in ``.services/cache/rank-exp/embcache.sqlite3``.
+
+``compare`` — read those pickles and score fusion variants (min-max weights, z-score, RRF, candidate depth) of
+each variant against a baseline variant, per set: NDCG@10 with its 95% bootstrap interval and the paired gain's
+interval. Choices are made on tuning sets only; ``held-aside`` is read only with ``--held-aside``.
+
+Usage::
+
+    bench/rank_experiments.py search --set tuning --variant base [--env KEY=VALUE ...]
+    bench/rank_experiments.py compare --base base --variants base,hdr2 --sets tuning,corpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from unittest import mock
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from scopekb_bench import sets as bench_sets  # noqa: E402
+from scopekb_bench.util import REPO  # noqa: E402
+
+from scopekb import evalsets, evaluation, scoring  # noqa: E402
+from scopekb.models import Source  # noqa: E402
+
+OUT = REPO / ".services" / "cache" / "rank-exp"
+CORPUS = bench_sets.QualitySet(
+    "corpus", "docstring", (("requests", "2.32.3", "src/requests"), ("click", "8.1.7", "src/click"),
+                            ("itsdangerous", "2.1.2", "src/itsdangerous"), ("flask", "3.0.3", "src/flask")),
+    False, "requests + click + itsdangerous + flask: docstring → function (tuning)")
+
+
+def _set(name: str) -> bench_sets.QualitySet:
+    if name == "corpus":
+        return CORPUS
+    return next(s for s in bench_sets.SETS if s.id == name)
+
+
+def search(args: argparse.Namespace) -> None:
+    from scopekb.runtime import build_runtime
+    from scopekb.settings import Settings
+
+    qs = _set(args.set)
+    if qs.held_aside and not args.held_aside:
+        sys.exit("the held-aside set is searched only with --held-aside (never tune on it)")
+    out = OUT / args.variant / f"{qs.id}.pkl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run = uuid.uuid4().hex[:8]
+    data = Path(tempfile.mkdtemp(prefix="rankexp-"))
+    env = {k: v for k, v in os.environ.items()}
+    env.update({"SCOPEKB_OPENSEARCH__ALIAS": f"rankexp-{run}-chunks",
+                "SCOPEKB_OPENSEARCH__SYSTEM_PREFIX": f"rankexp-{run}-sys", "SCOPEKB_S3__BUCKET": f"rankexp-{run}",
+                "SCOPEKB_GIT__CACHE_DIR": str(data / "git"), "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true",
+                "SCOPEKB_DATA_DIR": str(data), "SCOPEKB_EMBEDDING__PROVIDER": "local" if not args.keyword else "none",
+                "SCOPEKB_EMBEDDING__CACHE": "sqlite", "SCOPEKB_EMBEDDING__CACHE_PATH": str(OUT / "embcache.sqlite3"),
+                "SCOPEKB_PROFILE": args.profile, "SCOPEKB_LOG_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false",
+                "SCOPEKB_QUERY__CANDIDATE_FACTOR": str(max(1, args.depth // 10))})
+    for kv in args.env or []:
+        k, _, v = kv.partition("=")
+        env[k] = v
+    t0 = time.monotonic()
+    with mock.patch.dict(os.environ, env, clear=True):
+        rt = build_runtime(Settings(), name=f"rankexp-{run}")
+        try:
+            repo = bench_sets._package_repo(qs)
+            src = Source(agent_name="bench", context_id=qs.id, repo_url=str(repo), ref="main", webhooks=False,
+                         id=Source.new_id())
+            head, got = evaluation.build_and_search(rt, src, sample=args.sample, kinds=(qs.kind,))
+        finally:
+            try:
+                if args.profile == "distributed":
+                    rt.chunks.client.indices.delete(index=f"rankexp-{run}-*", ignore_unavailable=True)
+            except Exception as e:  # noqa: BLE001
+                print("cleanup:", e, file=sys.stderr)
+            shutil.rmtree(data, ignore_errors=True)
+    with out.open("wb") as f:
+        pickle.dump({"set": qs.id, "env": args.env, "sets": got, "seconds": time.monotonic() - t0}, f)
+    es = got[0]
+    print(json.dumps({m: round(evalsets.summarise(evaluation.per_query(es, m))["ndcg10"]["mean"], 4)
+                      for m in evaluation.MODES}), f"{len(es.queries)} queries, {time.monotonic() - t0:.0f} s")
+
+
+# ---- fusion variants over stored lists -------------------------------------------------------------------------
+
+def zscore(scored):
+    vals = [s for _, s in scored]
+    if not vals:
+        return {}
+    mu = sum(vals) / len(vals)
+    sd = (sum((v - mu) ** 2 for v in vals) / len(vals)) ** 0.5
+    if sd <= 1e-12:
+        return {i: 0.0 for i, _ in scored}
+    return {i: (s - mu) / sd for i, s in scored}
+
+
+def fuse(ls: evaluation.Lists, how: str, kw: float, depth: int) -> list[str]:
+    k, v = ls.keyword[:depth], ls.vector[:depth]
+    if how == "keyword":
+        return [i for i, _ in k]
+    if how == "vector":
+        return [i for i, _ in v]
+    if how == "rrf":
+        return [i for i, _ in scoring.rrf_fusion(k, v)]
+    if how == "minmax":
+        return [i for i, _ in scoring.weighted_fusion(k, v, kw, 1 - kw)]
+    if how == "zscore":
+        kn, vn = zscore(k), zscore(v)
+        lo_k = min(kn.values(), default=0.0)
+        lo_v = min(vn.values(), default=0.0)
+        ids = set(kn) | set(vn)
+        sc = {i: kw * kn.get(i, lo_k) + (1 - kw) * vn.get(i, lo_v) for i in ids}
+        return sorted(sc, key=lambda i: (-sc[i], i))
+    raise ValueError(how)
+
+
+def per_query(es: evaluation.EvalSet, how: str, kw: float, depth: int) -> list[float]:
+    return [evalsets.rank_metrics([ls.hits[i] for i in fuse(ls, how, kw, depth)[:10]], q.targets)["ndcg10"]
+            for q, ls in zip(es.queries, es.lists, strict=True)]
+
+
+FUSIONS = ([("keyword", 0.0), ("vector", 0.0), ("rrf", 0.0)] + [("minmax", w / 10) for w in range(1, 10)]
+           + [("zscore", w / 10) for w in range(1, 10)])
+
+
+def compare(args: argparse.Namespace) -> None:
+    sets = args.sets.split(",")
+    if "held-aside" in sets and not args.held_aside:
+        sys.exit("the held-aside set is read only with --held-aside")
+    depths = [int(d) for d in args.depths.split(",")]
+    for name in sets:
+        base_p = OUT / args.base / f"{name}.pkl"
+        base = pickle.loads(base_p.read_bytes())["sets"][0]
+        ref = per_query(base, "minmax", 0.3, 40)
+        m, lo, hi = evalsets.bootstrap_ci(ref)
+        print(f"\n## {name}: {len(ref)} queries; baseline {args.base} hybrid min-max 0.3/0.7 depth 40: "
+              f"{m:.3f} ({lo:.3f}–{hi:.3f})")
+        print("| variant | fusion | depth | NDCG@10 | 95% CI | gain vs baseline (95% CI) |")
+        print("|---|---|---:|---:|---|---|")
+        for var in args.variants.split(","):
+            p = OUT / var / f"{name}.pkl"
+            if not p.exists():
+                continue
+            es = pickle.loads(p.read_bytes())["sets"][0]
+            rows = []
+            for how, w in FUSIONS:
+                for d in depths:
+                    if how in ("keyword", "vector") and d != depths[0]:
+                        continue
+                    s = per_query(es, how, w, d)
+                    rows.append((sum(s) / len(s), how, w, d, s))
+            rows.sort(key=lambda r: -r[0])
+            show = [r for r in rows if r[1] in ("keyword", "vector") or (r[1] == "minmax" and r[2] == 0.3
+                                                                         and r[3] == 40)] + rows[:args.top]
+            seen = set()
+            for mean, how, w, d, s in show:
+                key = (how, w, d)
+                if key in seen:
+                    continue
+                seen.add(key)
+                _, lo, hi = evalsets.bootstrap_ci(s)
+                g, glo, ghi = evalsets.paired_gain(s, ref)
+                label = how if how in ("keyword", "vector", "rrf") else f"{how} {w:.1f}/{1 - w:.1f}"
+                print(f"| {var} | {label} | {d} | {mean:.3f} | {lo:.3f}–{hi:.3f} "
+                      f"| {g:+.3f} ({glo:+.3f} … {ghi:+.3f}) |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("search")
+    s.add_argument("--set", required=True)
+    s.add_argument("--variant", required=True)
+    s.add_argument("--env", action="append", help="SCOPEKB_X=value settings override of the variant")
+    s.add_argument("--sample", type=int, default=150)
+    s.add_argument("--depth", type=int, default=100)
+    s.add_argument("--keyword", action="store_true", help="keyword-only (no model)")
+    s.add_argument("--profile", default="distributed", choices=("distributed", "embedded"))
+    s.add_argument("--held-aside", action="store_true")
+    c = sub.add_parser("compare")
+    c.add_argument("--base", default="base")
+    c.add_argument("--variants", default="base")
+    c.add_argument("--sets", default="tuning,corpus")
+    c.add_argument("--depths", default="20,40,100")
+    c.add_argument("--top", type=int, default=4)
+    c.add_argument("--held-aside", action="store_true")
+    a = ap.parse_args()
+    search(a) if a.cmd == "search" else compare(a)
+
+
+if __name__ == "__main__":
+    main()
