@@ -696,7 +696,9 @@ class OpenSearchChunkStore:
                 res = self.client.tasks.get(task_id=task_id, params={
                     "wait_for_completion": "true", "timeout": f"{BY_QUERY_WAIT_S}s", "request_timeout": 60})
             except TransportError as e:
-                if e.status_code != 408:  # 408: not finished within the wait's timeout
+                # not finished within the wait's timeout: 408, or (OpenSearch 2.19, seen on a loaded machine) 500
+                # with error timeout_exception
+                if e.status_code != 408 and e.error != "timeout_exception":
                     raise
                 res = {"completed": False}
             if res.get("completed"):
