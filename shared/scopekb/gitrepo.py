@@ -326,13 +326,13 @@ class Mirror:
                 if len(data) != size:
                     raise GitError(f"git cat-file of {self.repo_url} stopped while reading {sha}")
                 yield sha, data
-        finally:
-            stdout.close()
-            with contextlib.suppress(OSError):
-                stdin.close()
+        finally:  # stop git first: the feeder's blocked write then fails (EPIPE) and only the feeder used stdin
             proc.kill()
             proc.wait()
             feeder.join()
+            stdout.close()
+            with contextlib.suppress(OSError, ValueError):  # ValueError: the feeder closed it already
+                stdin.close()
 
 
 def local_path_allowed(repo_url: str) -> bool:
