@@ -295,15 +295,8 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
         assert deps.embed_sink is not None
         deps.embed_sink.run_pending(deps)
         return finish_embedding(deps, job.id) or deps.records.get_job(job.id) or job
-    job.stage = JobStage.done
-    job.finished_at = utcnow()
-    job.state = JobState.partial if job.errors else JobState.done
-    deps.records.put_job(job)
-    log.info("sync_finished", job_id=job.id, state=job.state.value, to_commit=job.to_commit,
-             files_indexed=job.files_indexed, files_deleted=job.files_deleted, chunks_written=job.chunks_written,
-             chunks_deleted=job.chunks_deleted, retries=job.retries, drift=job.drift,
-             seconds=round(time.monotonic() - t0, 3))
-    return job
+    return _settle(deps, job, files_deleted=job.files_deleted, chunks_deleted=job.chunks_deleted,
+                   retries=job.retries, drift=job.drift, seconds=round(time.monotonic() - t0, 3))
 
 
 def embed_part(deps: SyncDeps, job_id: str, run: str, part: int, items: Sequence[Sequence[str]]) -> dict[str, Any]:
@@ -357,13 +350,20 @@ def finish_embedding(deps: SyncDeps, job_id: str) -> Job | None:
         job.embeddings_cached += int(r.get("cached", 0))
         job.errors.extend(str(e) for e in r.get("errors", []))
     deps.chunks.refresh()
+    return _settle(deps, job, embed_parts=job.embed_parts, embeddings_computed=job.embeddings_computed,
+                   embeddings_cached=job.embeddings_cached)
+
+
+def _settle(deps: SyncDeps, job: Job, **logged: Any) -> Job:
+    """End ``job``: stage done, state ``partial`` when it has errors else ``done``, finish time now; write the record
+    and log ``sync_finished`` with its counts plus ``logged`` (the one ending of a sync, inline or after its
+    embedding stage)."""
     job.stage = JobStage.done
     job.finished_at = utcnow()
     job.state = JobState.partial if job.errors else JobState.done
     deps.records.put_job(job)
     log.info("sync_finished", job_id=job.id, state=job.state.value, to_commit=job.to_commit,
-             files_indexed=job.files_indexed, chunks_written=job.chunks_written, embed_parts=job.embed_parts,
-             embeddings_computed=job.embeddings_computed, embeddings_cached=job.embeddings_cached)
+             files_indexed=job.files_indexed, chunks_written=job.chunks_written, **logged)
     return job
 
 
