@@ -20,6 +20,7 @@ from scopekb.embedding.local import LocalEmbedder
 from scopekb.embedding.openai_provider import OpenAIEmbedder
 from scopekb.indexing import SyncDeps, run_sync
 from scopekb.models import SearchMode, SearchRequest, Source
+from scopekb.refs import ref_states
 from scopekb.search import run_search
 from scopekb.settings import QuerySettings, Settings
 from scopekb.stores.base import ScopeFilter
@@ -105,8 +106,10 @@ def test_faults_partial_job_names_the_refused_file(deps: SyncDeps, stub: OpenAIS
     with_vec = {h["_source"][F.PATH] for h in res["hits"]["hits"] if h["_source"].get(F.EMBEDDING_MODEL)}
     all_paths = {h["_source"][F.PATH] for h in res["hits"]["hits"]}
     assert all_paths == set(FILES) and with_vec == set(FILES) - {"poison.py"}
-    # The sync state did not advance: the next sync retries the refused file and, once accepted, is done.
-    assert deps.records.indexed_commit(src.id) is None
+    # The ref advanced and names the refused file (hostile review 2 H1: one bad file does not hold a ref back);
+    # the next sync, at the same commit, writes that file again and, once accepted, is done.
+    state = ref_states(deps.records, src)["main"]
+    assert state["commit"] == job.to_commit and job.to_commit and state["failed"] == ["poison.py"]
     stub.reset()
     job = run_sync(deps, "j-" + uuid.uuid4().hex[:8], [src.id])
     assert job.state.value == "done" and job.embeddings_computed == 1  # only the poison chunk; rest cached
