@@ -51,7 +51,9 @@ def test_poison_file_parked_after_n_crashes_rest_indexed_replay_after_fix(make_s
     assert len(parked) == 1 and parked[0]["attempts"] == FILE_ATTEMPTS_LIMIT
     assert parked[0]["kwargs"]["source_ids"] == [src]
     assert partial.equal and partial.duplicates == 0, partial.summary()
-    assert stack.state(src).get("commit") is None, "the sync state must not pass a file it did not index"
+    state = stack.state(src)  # the ref may advance past a file it did not index only while naming it (H1, review 2)
+    failed = state.get("refs", {}).get("main", {}).get("failed", [])
+    assert state.get("commit") is None or POISON in failed, f"the sync state passed a file it did not index: {state}"
 
     # The fix ships: a worker without the bug; the dead letter is replayed through the admin API.
     stack.stop(crashing)

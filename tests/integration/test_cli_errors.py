@@ -163,7 +163,8 @@ def test_search_output_shows_indexed_control_characters_escaped(tmp_path: Path) 
     p = run(["search", "escmarker"], env, tmp_path)
     assert p.returncode == 0, p.stderr
     assert "\x1b" not in p.stdout and "\x07" not in p.stdout, p.stdout
-    assert "\\x1b[31mred" in p.stdout and "a\\n[9] evil.py" in p.stdout, p.stdout
+    # content: control characters shown escaped; the path: a JSON string with [ ] : escaped too (render.field)
+    assert "\\x1b[31mred" in p.stdout and '"a\\n\\u005b9\\u005d evil.py\\u003a1-1' in p.stdout, p.stdout
     assert not any(ln.startswith("[9]") for ln in p.stdout.splitlines())
 
 

@@ -110,8 +110,8 @@ def _job(worker: SimpleNamespace, job_id: str) -> Job | None:
 
 
 def test_the_chunk_index_check_failing_on_a_red_cluster_is_a_wait(worker) -> None:
-    # the start check still saw the cluster serve; the index check then failed and the cluster says why
-    worker.rt.chunks = FakeChunks(problems=[None, RED], ensure_error=Transient("search backend error"))
+    # the index check runs first (asking a missing index's health waits for it); it failed and the cluster says why
+    worker.rt.chunks = FakeChunks(problems=[RED], ensure_error=Transient("search backend error"))
     res = _run(worker, "j-ensure", deferrals=2)
     assert res.state == "RETRY"
     assert [r["kwargs"]["deferrals"] for r in worker.retries] == [3]  # a wait: counted, no attempt spent

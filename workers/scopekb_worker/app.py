@@ -237,11 +237,15 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
     try:
         if rt.coord.reindex_running():  # the index is being rebuilt: wait, without spending a retry attempt
             _defer(self, deferrals, 30, "sync_deferred_for_reindex")
-        problem = rt.chunks.problem()
-        if problem is not None:  # the cluster cannot take writes now (red, no cluster manager): wait for it, without
-            # spending a retry attempt, rather than block in bulk requests it cannot serve (issue 24)
-            _defer(self, deferrals, CLUSTER_WAIT_S, "sync_deferred_for_cluster", problem=problem)
+        # First the index (a failure here is a transient error, handled below like any step's: a wait while the
+        # cluster says it cannot serve): asked about a missing index, _cluster/health waits for it to appear and
+        # the 2 s question times out ("unreachable"), which must not be taken for a reason to wait.
         ensure_chunk_index(rt)
+        problem = answered_problem(rt.chunks.problem())
+        if problem is not None:  # the cluster cannot take writes now (red, no cluster manager): wait for it, without
+            # spending a retry attempt, rather than block in bulk requests it cannot serve (issue 24). An outage
+            # (no node answers) is not waited for here: its failures are retried with bounded attempts.
+            _defer(self, deferrals, CLUSTER_WAIT_S, "sync_deferred_for_cluster", problem=problem)
         log.info("sync_started", source_ids=source_ids, after=after, branch_deleted=branch_deleted, verify=verify,
                  retries=attempt, deferrals=deferrals)
         attempts = FileAttemptsRecorder(rt.coord, rt.records, self.name)
