@@ -140,6 +140,21 @@ def test_an_outage_nobody_explains_at_task_start_spends_an_attempt(worker) -> No
     assert worker.retries[0]["kwargs"] is None and worker.retries[0]["countdown"] > 0  # a retry, with backoff
 
 
+def test_an_unanswered_health_question_at_task_start_is_not_a_wait(worker, monkeypatch) -> None:
+    # _cluster/health of an index that does not exist yet waits for it: the 2 s question times out although the
+    # cluster serves. The sync must run, not defer (it deferred forever before the fix, issue 24 follow-up).
+    ran: list[str] = []
+
+    def fake_run_sync(deps: Any, job_id: str, *_: Any, **__: Any) -> Job:
+        ran.append(job_id)
+        return Job(id=job_id, state=JobState.done)
+
+    monkeypatch.setattr(worker.module, "run_sync", fake_run_sync)
+    worker.rt.chunks = FakeChunks(problems=["unreachable: ConnectionTimeout"])
+    res = _run(worker, "j-unanswered")
+    assert ran == ["j-unanswered"] and worker.retries == [] and res.get()["state"] == "done"
+
+
 @pytest.mark.parametrize("where", ["ensure_index", "sync_deps", "run_sync"])
 def test_a_task_that_dies_settles_its_running_job_failed_with_the_reason(worker, monkeypatch, where) -> None:
     errors: dict[str, BaseException] = {"ensure_index": StoreVersionMismatch("index v4, this process wants v5"),
