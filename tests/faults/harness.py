@@ -359,7 +359,9 @@ class Stack:
 
     def chunks(self, source_id: str) -> Counter[Chunk]:
         """(path, start line, text) of every chunk the scenario's index holds for a source (refreshed first)."""
-        self.os.indices.refresh(index=self.alias)
+        # after a fault the shard copies may still be recovering on a loaded machine: a refresh can take longer than
+        # the client's default 30 s (seen once after the cluster-red scenario, with every job already settled)
+        self.os.indices.refresh(index=self.alias, params={"request_timeout": 180})
         hits = helpers.scan(self.os, index=self.alias, query={"query": {"term": {"source_id": source_id}}},
                             _source=["path", "start_line", "content"], size=1000)
         return Counter((h["_source"]["path"], h["_source"]["start_line"], h["_source"]["content"]) for h in hits)
