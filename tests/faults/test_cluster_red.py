@@ -33,8 +33,8 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import pytest
 import httpx
+import pytest
 
 from .harness import generate_repo, wait_until
 
