@@ -25,6 +25,7 @@ from scopekb.models import SearchMode, SearchRequest, Source
 from scopekb.search import run_search
 from scopekb.settings import QuerySettings
 from scopekb.stores.base import ScopeFilter
+from tests.unit.test_evalsets import _Records
 
 FLAT = (1.0, 1.0, 1.0, 1.0)
 
@@ -48,20 +49,6 @@ def _planted_boost_set(n: int = 40) -> EvalSet:
         queries.append(evalsets.EvalQuery("docstring", f"query {i} words here", [Target(target, 1, 10)]))
         lists.append(Lists(keyword=default, vector=[], hits=hits, keyword_by_boosts=by))
     return EvalSet("docstring", queries, lists)
-
-
-class _Records:
-    def __init__(self) -> None:
-        self.docs: dict[tuple[str, str], dict] = {}
-
-    def put(self, kind: str, rec_id: str, doc: dict, wait: bool = True) -> None:
-        self.docs[(kind, rec_id)] = doc
-
-    def get(self, kind: str, rec_id: str) -> dict | None:
-        return self.docs.get((kind, rec_id))
-
-    def list_sources(self, **_terms: object) -> list:
-        return []
 
 
 class _Store:
