@@ -62,14 +62,21 @@ class CliError(Exception):
     """A user-facing failure: printed as one line, exit code 1."""
 
 
-def _rt() -> Runtime:
+def _quiet_logging() -> None:
+    """Warnings and up only; the store and broker clients' own lines not at all: they log each failed request
+    (with its traceback) and routine answers such as "index already exists" (400), while the CLI reports a
+    failure itself, in one line."""
     import logging
 
     s = get_settings()
     configure_logging("console" if s.log_format == "auto" else s.log_format, "WARNING")
-    # The clients log each failed request with its traceback; the CLI reports the failure itself, in one line.
-    for name in ("opensearch", "urllib3", "elastic_transport"):
+    for name in ("opensearch", "urllib3", "elastic_transport", "kombu", "celery"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _rt() -> Runtime:
+    s = get_settings()
+    _quiet_logging()
     # With an embedding queue the local model loads on first use (issue 19): `scopekb worker` checks the index in
     # its parent process, whose forks must not carry torch when they only sync.
     return build_runtime(s, name="scopekb-cli", lazy_embedder=bool(s.worker.embed_queue))
@@ -173,15 +180,31 @@ def beat(loglevel: str = "INFO") -> None:
 def reconcile_cmd() -> None:
     """Run one reconcile pass now (beat runs one every worker.reconcile_interval_s): settle queued jobs whose task
     message the broker lost (enqueued again once, then failed with the reason), and enqueue a verifying sync for
-    every repository and ref."""
+    every repository and ref. Embedded profile: the verifying syncs run in this process before it ends (no worker
+    reads its queue), with their outcome; exit 1 when one failed."""
+    from collections import Counter
+
     from scopekb.runtime import build_control_runtime
 
-    s = get_settings()
-    configure_logging("console" if s.log_format == "auto" else s.log_format, "WARNING")
-    res = ops.reconcile(build_control_runtime(s, name="scopekb-cli"))
-    out.print(f"verifying syncs enqueued: {res['groups']} (skipped while syncing: {res['busy']}); jobs whose "
-              f"message was lost: {len(res['requeued'])} enqueued again {res['requeued']}, {len(res['failed'])} "
-              f"failed {res['failed']}", markup=False, highlight=False, soft_wrap=True)
+    _quiet_logging()
+    # Embedded: no worker consumes this process's in-memory queue, so the syncs run here before this returns.
+    rt = build_control_runtime(get_settings(), name="scopekb-cli", one_shot=True)
+    res = ops.reconcile(rt)
+    jobs = [rt.records.get_job(j) for j in res["jobs"]] if getattr(rt.tasks, "runs_here", False) else []
+    if getattr(rt.tasks, "runs_here", False):
+        states = Counter(job.state.value if job else "missing" for job in jobs)
+        done = ", ".join(f"{n} {st}" for st, n in sorted(states.items()))
+        head = f"verifying syncs run in this process: {res['groups']}" + (f" ({done})" if done else "")
+    else:
+        head = f"verifying syncs enqueued for the workers: {res['groups']}"
+    out.print(f"{head}; skipped while syncing: {res['busy']}; jobs whose message was lost: "
+              f"{len(res['requeued'])} enqueued again {res['requeued']}, {len(res['failed'])} failed "
+              f"{res['failed']}", markup=False, highlight=False, soft_wrap=True)
+    failed = [job for job in jobs if job is not None and job.state == "failed"]
+    if failed:
+        for job in failed[:20]:
+            err.print(one_line(f"job {job.id} failed: {'; '.join(job.errors[:3])}"), markup=False, highlight=False)
+        raise typer.Exit(1)
 
 
 @app.command("reindex")

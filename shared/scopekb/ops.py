@@ -362,7 +362,10 @@ def reconcile(rt: ControlRuntime) -> dict[str, Any]:
     lock is held; the next pass checks them).
 
     Returns:
-        ``{"groups": verifying syncs enqueued, "busy": groups skipped, "requeued": [job id], "failed": [job id]}``.
+        ``{"groups": verifying syncs enqueued, "busy": groups skipped, "requeued": [job id], "failed": [job id],
+        "jobs": [job id of each verifying sync]}``. When the runtime's tasks run in this process
+        (``rt.tasks.runs_here``, the embedded profile's one-shot commands) the syncs have ended: their job records
+        say how.
     """
     lost = settle_lost_jobs(rt)
     groups: dict[tuple[str, str], list[str]] = {}
@@ -370,15 +373,18 @@ def reconcile(rt: ControlRuntime) -> dict[str, Any]:
         groups.setdefault((src.repo_url, "\0".join(src.ref_patterns)), []).append(src.id)
     stamp = int(time.time())
     busy = 0
+    jobs: list[str] = []
     for (url, refs), ids in groups.items():
         if rt.coord.repo_locked(ids):
             busy += 1
             continue
-        enqueue_sync(rt, sorted(ids), trigger="reconcile", job_id=f"reconcile-{keys.repo_hash(url + refs)}-{stamp}",
-                     ref=refs.split("\0")[0], verify=True)
+        jobs.append(enqueue_sync(rt, sorted(ids), trigger="reconcile",
+                                 job_id=f"reconcile-{keys.repo_hash(url + refs)}-{stamp}", ref=refs.split("\0")[0],
+                                 verify=True))
     log.info("reconcile_enqueued", groups=len(groups) - busy, busy=busy, requeued=len(lost.requeued),
              failed=len(lost.failed))
-    return {"groups": len(groups) - busy, "busy": busy, "requeued": lost.requeued, "failed": lost.failed}
+    return {"groups": len(groups) - busy, "busy": busy, "requeued": lost.requeued, "failed": lost.failed,
+            "jobs": jobs}
 
 
 # ---- pinned commits (issue 23) -------------------------------------------------------------------------------

@@ -43,7 +43,10 @@ TaskSend = Callable[[str, str, dict[str, Any]], None]
 
 
 class CeleryTasks:
-    """The process's task producer: one Celery app (built on first use), tasks sent by name."""
+    """The process's task producer: one Celery app (built on first use), tasks sent by name; workers run them
+    (``runs_here`` False)."""
+
+    runs_here = False
 
     def __init__(self, settings: Settings, name: str) -> None:
         self.settings = settings
@@ -90,11 +93,20 @@ class CeleryTasks:
 
 
 class InProcessTasks:
-    """Runs ``scopekb.sync_sources`` in a thread of this process (embedded profile without a worker, such as
-    ``scopekb mcp`` over stdio). The job record is written before :meth:`send` returns."""
+    """Runs ``scopekb.sync_sources`` in this process (embedded profile without a worker): in a thread (``scopekb
+    mcp`` over stdio), or before :meth:`send` returns when ``wait`` (a one-shot command such as ``scopekb
+    reconcile``, which would end before a thread finished). The job record is written before :meth:`send` returns.
 
-    def __init__(self, rt: Runtime) -> None:
+    Attributes:
+        runs_here: True: a sent task has run (``wait``) or runs in this process - no worker is involved.
+        wait: :meth:`send` returns when the sync has ended (its job record says how).
+    """
+
+    runs_here = True
+
+    def __init__(self, rt: Runtime, wait: bool = False) -> None:
         self.rt = rt
+        self.wait = wait
 
     def held(self, task_ids: Iterable[str]) -> set[str] | None:
         """No broker: a sync runs in a thread from the moment it is sent (see :meth:`CeleryTasks.held`)."""
@@ -120,6 +132,9 @@ class InProcessTasks:
                 self.rt.records.put_job(done.model_copy(update={
                     "state": JobState.failed, "errors": [*done.errors, str(e)], "finished_at": utcnow()}))
 
+        if self.wait:
+            work()
+            return
         threading.Thread(target=work, name=f"sync-{task_id}", daemon=True).start()
 
 
@@ -365,11 +380,19 @@ def build_runtime(settings: Settings, with_embedder: bool = True, interactive: b
                    embedder=embedder, counter=counter, opensearch_client=client)
 
 
-def build_control_runtime(settings: Settings, name: str = "scopekb-ingester") -> ControlRuntime:
+def build_control_runtime(settings: Settings, name: str = "scopekb-ingester", one_shot: bool = False
+                          ) -> ControlRuntime:
     """The ingester's runtime: records, coordination and the task producer - no chunk store, no S3 client, no
-    embedding model. In the embedded profile, the process's shared runtime (one store sees every write)."""
+    embedding model. In the embedded profile, the process's shared runtime (one store sees every write).
+
+    Args:
+        one_shot: a command that ends when its action returns (``scopekb reconcile``). In the embedded profile no
+            worker consumes this process's in-memory queue, so its tasks run in this process before ``send``
+            returns (:class:`InProcessTasks` with ``wait``); ignored in the distributed profile, where workers do.
+    """
     if is_embedded(settings):
-        return build_embedded_runtime(settings)
+        rt = build_embedded_runtime(settings)
+        return dataclasses.replace(rt, tasks=InProcessTasks(rt, wait=True)) if one_shot else rt
     client = make_client(settings.opensearch)
     return ControlRuntime(settings=settings, records=OpenSearchRecordStore(client, settings.opensearch.system_prefix),
                           coord=coordination(settings), tasks=CeleryTasks(settings, name))
