@@ -19,6 +19,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
+
+# Property tests assert behaviour, never speed: on 2 shared cores under load, input generation and single examples
+# can be slow (a landing failed on HealthCheck.too_slow: "only generated 2 valid inputs after 1.37 seconds"). A
+# test's own @settings still overrides these.
+hypothesis_settings.register_profile("scopekb", suppress_health_check=[HealthCheck.too_slow], deadline=None)
+hypothesis_settings.load_profile("scopekb")
 
 ENV_OPENSEARCH = "SCOPEKB_OPENSEARCH__URL"
 ENV_REDIS = "SCOPEKB_REDIS__URL"
