@@ -57,6 +57,7 @@ from scopekb_bench import (
     quality,
     query,
     reference,
+    refs,
     report,
     sets,
     textsearch,
@@ -70,7 +71,7 @@ from scopekb_bench.util import REPO, Metric, Results, log, machine_info, summary
 RESULTS_DIR = REPO / "bench" / "results"
 PUBLISH_DIR = REPO / "bench" / "report"
 DOC = REPO / "docs" / "benchmarks.md"
-ALL_PHASES = ("gitread", "keyword", "embedded", "model", "embedder", "sets")
+ALL_PHASES = ("gitread", "keyword", "embedded", "model", "embedder", "sets", "refs")
 
 
 class _Terminated(Exception):
@@ -602,7 +603,10 @@ def run(c: Ctx, phases: tuple[str, ...]) -> None:
     if "sets" in phases:
         with phase(c.res, "quality sets"):
             _sets(c)
-    if set(phases) <= {"sets"}:
+    if "refs" in phases:
+        with phase(c.res, "many refs"):
+            refs.measure(c.res, c.endpoints, c.run_id, c.workdir, c.profile.refs, c.profile.refs_branches)
+    if set(phases) <= {"sets", "refs"}:
         return
     with phase(c.res, "inputs"):
         _inputs(c)

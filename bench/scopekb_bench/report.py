@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-GROUP_ORDER = ["ingest", "git", "incremental", "embedder", "query", "cost", "webhook", "embedded", "quality"]
+GROUP_ORDER = ["ingest", "git", "incremental", "refs", "embedder", "query", "cost", "webhook", "embedded", "quality"]
 QUALITY_MODES = ["keyword", "vector", "hybrid", "rrf"]
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scopekb import evalsets, scoring
+from scopekb import evalsets, overlays, scoring
 from scopekb import fields as F
 from scopekb.errors import Refused
 from scopekb.evalsets import EvalQuery, Target
@@ -190,6 +190,7 @@ def _remove(rt: Runtime, src: Source) -> None:
     try:
         rt.chunks.delete_source(src.id)
         rt.records.delete("state", src.id)
+        rt.records.delete(overlays.KIND, src.id)
         rt.records.delete("sources", src.id)
     except Exception as e:  # noqa: BLE001 - cleanup must not hide the first error
         log.warning("eval_cleanup_failed", source_id=src.id, error=str(e))

@@ -57,6 +57,7 @@ from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry, is_sh
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobStage, JobState, Source, utcnow
 from scopekb.patterns import GITATTRIBUTES_LIMITS, usable_globs
+from scopekb import overlays
 from scopekb.refs import MAX_REFS, match_refs, put_ref_state, ref_states
 from scopekb.settings import Settings, git_cache_dir
 from scopekb.stores.base import BulkReport, ChunkStore, RecordStore, answered_problem
@@ -437,6 +438,7 @@ def _delete_branch_if_gone(deps: SyncDeps, job: Job, sources: list[Source]) -> b
 def _delete_branch(deps: SyncDeps, job: Job, sources: list[Source]) -> None:
     for src in sources:
         job.chunks_deleted += deps.chunks.delete_source(src.id)
+        overlays.drop_source_overlays(deps.records, src.id)
         deps.records.set_indexed_commit(src.id, None)
     log.info("branch_deleted", job_id=job.id, ref=job.ref, chunks_deleted=job.chunks_deleted)
 
@@ -490,8 +492,11 @@ def drop_refs(deps: SyncDeps, job: Job, src: Source, refs: set[str]) -> None:
         st = _ref_states(deps, src).get(ref)
         if st is None or (st.get("pinned") and not pin_expired(st, now)):
             continue
+        # Overlays based on this ref first take what they see through it as their own (scopekb.overlays).
+        job.chunks_linked += overlays.dissolve(deps.chunks, deps.records, src.agent_name, src.context_id, src.id, ref)
         unlinked, deleted = deps.chunks.remove_ref(src.agent_name, src.context_id, src.id, ref)
         job.chunks_deleted += deleted
+        overlays.put_overlay(deps.records, src.id, ref, None)
         _put_ref_state(deps, src, ref, None)
         log.info("ref_removed", source_id=src.id, ref=ref, pinned=bool(st.get("pinned")), chunks_unlinked=unlinked,
                  chunks_deleted=deleted)
@@ -589,8 +594,8 @@ def _write_ref(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str,
             _put_ref_state(deps, plan.source, ref, {**plan.state, "writing": target})
         if plan.copy_from:
             src = plan.source
-            joined = deps.chunks.copy_ref(src.agent_name, src.context_id, src.id, plan.copy_from, ref,
-                                          exclude_paths=sorted(set(plan.to_index) | set(plan.to_delete)))
+            joined = overlays.start_overlay(deps.chunks, deps.records, src.agent_name, src.context_id, src.id, ref,
+                                            plan.copy_from, sorted(set(plan.to_index) | set(plan.to_delete)))
             job.chunks_linked += joined
             log.info("ref_copied", source_id=src.id, ref=ref, from_ref=plan.copy_from, chunks=joined)
     # Files are counted only once a process died running this job: a healthy sync costs Redis nothing.
@@ -600,8 +605,10 @@ def _write_ref(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str,
     for plan in plans:
         if plan.to_delete:
             src = plan.source
-            job.chunks_deleted += deps.chunks.remove_ref(src.agent_name, src.context_id, src.id, ref,
-                                                         paths=plan.to_delete)[1]
+            held = deps.chunks.chunk_versions(src.agent_name, src.context_id, src.id, plan.to_delete, ref=ref,
+                                              overlay=overlays.get_overlay(deps.records, src.id, ref))
+            job.chunks_deleted += _leave(deps, src.agent_name, src.context_id, src.id, ref,
+                                         [cid for ids in held.values() for cid in ids])
         job.files_deleted += len(plan.to_delete)
     now = utcnow().isoformat()
     for plan in plans:
@@ -687,7 +694,8 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
         # tree with what the index holds for this ref, by content id, so unchanged documents are neither read nor
         # written again - unless a sync died writing with no known set of changes: then the index's content ids
         # are not trusted (a file may be half-written at the right id) and everything is written again.
-        indexed = deps.chunks.indexed_blobs(src.id, src.agent_name, src.context_id, ref=ref)
+        indexed = deps.chunks.indexed_blobs(src.id, src.agent_name, src.context_id, ref=ref,
+                                            overlay=overlays.get_overlay(deps.records, src.id, ref))
         trusted = indexed if touched is not None else {}
         if touched:
             trusted = {p: sha for p, sha in indexed.items() if p not in touched}
@@ -949,6 +957,9 @@ def _link_shared(deps: SyncDeps, job: Job, plans: list[_Plan], writes: dict[tupl
     again. Returns ``id -> refs`` the store holds for the chunks still to write, so a rewrite keeps them."""
     ids = [cid for todo in writes.values() for _, cid in todo]
     have = deps.chunks.chunk_refs(ids) if ids else {}
+    for sid in sorted({sid for sid, _ in writes}):  # overlays based on the ref keep their members (scopekb.overlays)
+        overlays.hide_joining(deps.records, sid, ref or _source_ref(plans, sid),
+                              {cid: have.get(cid, []) for (s, _), todo in writes.items() if s == sid for _, cid in todo})
     if not have:
         return {}
     rewrite = {(p.source.id, path) for p in plans for path in p.rewrite}
@@ -1000,7 +1011,7 @@ def _write_batch(deps: SyncDeps, job: Job, out: _Outcome, docs: list[dict[str, A
         else:
             out.written.add(d[F.PATH])
     for (agent, ctx, sid), (ref, ids) in vanished.items():
-        job.chunks_deleted += deps.chunks.remove_ref(agent, ctx, sid, ref, ids=ids)[1]
+        job.chunks_deleted += _leave(deps, agent, ctx, sid, ref, ids)
     _send_embedding(deps, job, [it for it in to_embed if it[0] not in bad_ids])
 
 
@@ -1013,6 +1024,22 @@ def _send_embedding(deps: SyncDeps, job: Job, items: Sequence[list[str]]) -> Non
     for i in range(0, len(items), size):
         deps.embed_sink.send(job.id, job.embed_run, job.embed_parts, list(items[i:i + size]))
         job.embed_parts += 1
+
+
+def _leave(deps: SyncDeps, agent: str, ctx: str, sid: str, ref: str, ids: list[str]) -> int:
+    """Chunks ``ids`` (members of ``ref`` in one scope and source) leave ``ref``, overlays kept right
+    (:mod:`scopekb.overlays`): overlays based on ``ref`` first take those they see as explicit members; in an
+    overlay ``ref``, those it sees through its base are hidden; then ``ref`` leaves the chunks naming it (a chunk
+    no ref names any more is deleted). Returns chunks deleted."""
+    deleted = 0
+    for i in range(0, len(ids), 5000):
+        part = ids[i:i + 5000]
+        before = deps.chunks.chunk_refs(part)
+        based = overlays.materialize_leaving(deps.chunks, deps.records, sid, ref, before)
+        overlays.hide_in_overlay(deps.records, sid, ref, before)
+        deleted += deps.chunks.remove_ref(agent, ctx, sid, ref, ids=part)[1]
+        overlays.forget_left(deps.records, sid, based, [cid for cid, refs in before.items() if ref in refs])
+    return deleted
 
 
 def _changes(deps: SyncDeps, plans: list[_Plan], index_sets: dict[str, frozenset[str]],
@@ -1041,8 +1068,9 @@ def _changes(deps: SyncDeps, plans: list[_Plan], index_sets: dict[str, frozenset
     for plan in plans:
         src = plan.source
         stale = [path for path, _, _, _ in per_path if path in plan.maybe_stale and path in index_sets[src.id]]
-        stored = deps.chunks.chunk_versions(src.agent_name, src.context_id, src.id, stale,
-                                            ref=ref or src.ref) if stale else {}
+        view = ref or src.ref
+        stored = deps.chunks.chunk_versions(src.agent_name, src.context_id, src.id, stale, ref=view,
+                                            overlay=overlays.get_overlay(deps.records, src.id, view)) if stale else {}
         for path, _lang, sha, chunks in per_path:
             if path not in index_sets[src.id]:
                 continue

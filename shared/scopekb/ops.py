@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from scopekb import overlays
 from scopekb.auth import ApiKey, new_key
 from scopekb.coordination import keys
 from scopekb.errors import NotFound, Refused, Transient
@@ -99,6 +100,7 @@ def remove_source(rt: Runtime, source_id: str) -> int:
     get_source(rt, source_id)
     deleted = rt.chunks.delete_source(source_id)
     rt.records.delete("state", source_id)
+    rt.records.delete(overlays.KIND, source_id)
     rt.records.delete("sources", source_id)
     rt.coord.bump_sources_version()
     log.info("source_removed", source_id=source_id, chunks_deleted=deleted)

@@ -16,8 +16,9 @@ from typing import Any
 
 from scopekb.errors import NotFound, Refused
 from scopekb.models import Source
+from scopekb.overlays import source_overlays
 from scopekb.patterns import SOURCE_LIMITS, PathGlob, compile_glob
-from scopekb.stores.base import RecordStore, ScopeFilter
+from scopekb.stores.base import RecordStore, RefOverlay, ScopeFilter
 
 HEADS = "refs/heads/"
 TAGS = "refs/tags/"
@@ -171,10 +172,16 @@ class RefIndex:
     """The indexed refs of the sources a scope may see, to resolve a search's ``ref`` (issue 23).
 
     Attributes:
-        heads: source id -> ref name -> indexed commit id.
+        heads: source id -> ref name -> indexed commit id (the refs with a commit).
+        defaults: source id -> the source's own ``ref`` (its default branch).
+        overlays: source id -> ref name -> :class:`scopekb.stores.base.RefOverlay` (refs held as overlays).
     """
 
     heads: dict[str, dict[str, str]] = field(default_factory=dict)
+    defaults: dict[str, str] = field(default_factory=dict)
+    overlays: dict[str, dict[str, RefOverlay]] = field(default_factory=dict)
+    #: Names of the temporary pinned refs (commit ids) among the loaded sources' refs.
+    pinned: set[str] = field(default_factory=set)
 
     @classmethod
     def load(cls, records: RecordStore, scope: ScopeFilter, source_id: str | None = None,
@@ -188,7 +195,29 @@ class RefIndex:
                 continue
             heads = ref_heads(records.get("state", src.id), src)
             out.heads[src.id] = {name: str(h["commit"]) for name, h in heads.items()}
+            out.pinned.update(name for name, h in heads.items() if h.get("pinned"))
+            out.defaults[src.id] = src.ref
+            out.overlays[src.id] = source_overlays(records, src.id)
         return out
+
+    def overlays_for(self, ref: str) -> tuple[RefOverlay, ...]:
+        """The overlays of ``ref`` among the loaded sources (for :attr:`SearchFilter.overlays`)."""
+        return tuple(ovs[ref] for _sid, ovs in sorted(self.overlays.items()) if ref in ovs)
+
+    def attribute(self, source_id: str | None, refs: list[str] | None) -> tuple[str, str] | None:
+        """The ref and commit a hit found without ``ref`` names (issue 23): the source's default ref when the chunk
+        is a member of it, else the first of its other refs by name that is indexed; None when none is known
+        (a chunk written before refs existed keeps its stored ref and commit). Branches held as overlays of the
+        default ref see its chunks too, so a chunk shared with the default ref always names the default ref."""
+        if source_id is None or not refs:
+            return None
+        heads = self.heads.get(source_id, {})
+        default = self.defaults.get(source_id)
+        order = ([default] if default in refs else []) + sorted(r for r in refs if r != default)
+        for r in order:
+            if r in heads:
+                return r, heads[r]
+        return None
 
     def resolve(self, ref: str) -> str:
         """The ref name a search's ``ref`` means: a branch or tag name indexed for one of the sources, or a commit

@@ -67,10 +67,35 @@ _PINNED: dict[tuple[int, str, tuple[str, ...] | None], tuple[float, tuple[str, .
 _PINNED_LOCK = threading.Lock()
 
 
+#: (id of the record store, agent, contexts, source id, repo) -> (monotonic time read, RefIndex); see :func:`_ref_index`.
+_REF_INDEX: dict[tuple[Any, ...], tuple[float, RefIndex]] = {}
+
+
 def forget_pinned() -> None:
-    """Drop this process's cached pinned refs (:func:`scopekb.ops.pin_commit` calls it after writing a pin)."""
+    """Drop this process's cached pinned refs and ref heads (:func:`scopekb.ops.pin_commit` calls it after writing
+    a pin)."""
     with _PINNED_LOCK:
         _PINNED.clear()
+        _REF_INDEX.clear()
+
+
+def _ref_index(records: Any, scope: ScopeFilter, source_id: str | None, repo: str | None,
+               max_age_s: float) -> RefIndex:
+    """The scope's indexed refs for naming the ref of hits found without ``ref`` (issue 23), cached like
+    :func:`_pinned_refs` for ``max_age_s`` seconds so a search does no record I/O for it (issue 20); a hit may name
+    a head up to that old."""
+    key = (id(records), scope.agent_name, scope.context_ids, source_id, repo)
+    now = time.monotonic()
+    with _PINNED_LOCK:
+        got = _REF_INDEX.get(key)
+        if got is not None and now - got[0] < max_age_s:
+            return got[1]
+    idx = RefIndex.load(records, scope, source_id, repo)
+    with _PINNED_LOCK:
+        if len(_REF_INDEX) > 1024:
+            _REF_INDEX.clear()
+        _REF_INDEX[key] = (now, idx)
+    return idx
 
 
 def _pinned_refs(records: Any, scope: ScopeFilter, max_age_s: float) -> tuple[str, ...]:
@@ -107,8 +132,9 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
 
     ``req.ref`` (issue 23) is a branch or tag name or a commit id: with ``records``, it is resolved against the
     indexed refs of the scope's sources (:class:`scopekb.refs.RefIndex`; a commit that is a ref's indexed head
-    means that ref) and every hit names that ref and its indexed commit. Without a ``ref``, a hit names the ref
-    and commit it was written for.
+    means that ref) and every hit names that ref and its indexed commit. Without a ``ref``, a hit names its
+    source's default ref and that ref's indexed commit when the chunk is a member of it, else the first of the
+    chunk's other refs by name (:meth:`scopekb.refs.RefIndex.attribute`).
 
     ``records``: where a context's ranking choice is recorded (:mod:`scopekb.tuning`, ``scopekb eval --tune``);
     a hybrid search of exactly one context with an applied choice uses its weights (and its fusion, unless the
@@ -137,12 +163,15 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     except PatternRefused as e:
         raise SearchUnavailable(str(e)) from None
     size = min(req.max_results, cfg.max_results_cap)
-    refs = RefIndex.load(records, scope, req.source_id, req.repo) if req.ref and records is not None else None
+    refs = (RefIndex.load(records, scope, req.source_id, req.repo) if req.ref
+            else _ref_index(records, scope, req.source_id, req.repo, cfg.revocation_bound_s)) if records is not None \
+        else None
     ref = refs.resolve(req.ref) if refs is not None and req.ref else req.ref
     meta = tuple((k, tuple(dict.fromkeys(F.metadata_text(x) for x in (v if isinstance(v, list) else [v]))))
                  for k, v in sorted(req.metadata.items()))
     pinned = _pinned_refs(records, scope, cfg.revocation_bound_s) if not ref and records is not None else ()
     flt = SearchFilter(scope=scope, source_id=req.source_id, repo=req.repo, ref=ref, pinned=pinned,
+                       overlays=refs.overlays_for(ref) if refs is not None and ref else (),
                        languages=tuple(req.languages), file_patterns=tuple(req.file_patterns), metadata=meta)
     grouped = req.group_by == "file"
     fetch = max(size * cfg.candidate_factor, size) if grouped else size  # files need several chunks each
@@ -161,6 +190,9 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     if refs is not None and ref:
         hits = [h.model_copy(update={"ref": ref, "commit": refs.commit(h.source_id, ref) or h.commit})
                 for h in hits]
+    elif refs is not None:  # no ref asked: the default ref when the chunk is in it, else its first indexed ref
+        hits = [h.model_copy(update={"ref": named[0], "commit": named[1]})
+                if (named := refs.attribute(h.source_id, h.refs)) else h for h in hits]
     return SearchResponse(query=req.query, mode=mode, hits=hits, notice=notice, group_by=req.group_by,
                           scope=SearchScope(agent_name=scope.agent_name, context_ids=None if scope.context_ids is None
                                             else list(scope.context_ids)),

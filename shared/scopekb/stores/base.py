@@ -40,6 +40,21 @@ class ScopeFilter:
 
 
 @dataclass(frozen=True)
+class RefOverlay:
+    """How a ref indexed from a nearby ref holds that ref's chunks without a membership write (issue 23).
+
+    The members of ref ``R`` of source ``source_id`` are the chunks whose ``refs`` name ``R`` plus the chunks of
+    the same source whose ``refs`` name ``base`` and whose id is not in ``hidden``. Adding a branch that differs
+    from ``base`` by one file thus writes membership for that file's chunks only; :mod:`scopekb.overlays` keeps
+    ``hidden`` and the explicit memberships right as ``base`` and ``R`` move.
+    """
+
+    source_id: str
+    base: str
+    hidden: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class SearchFilter:
     """Everything a search is restricted to: the scope (always) plus optional narrowing filters.
 
@@ -59,6 +74,8 @@ class SearchFilter:
     #: Temporary pinned refs (full commit ids, :func:`scopekb.ops.pin_commit`): without ``ref``, a chunk whose refs
     #: are only pins is left out, so a search with no ``ref`` covers the tracked branches and tags alone.
     pinned: tuple[str, ...] = ()
+    #: With ``ref``: the sources where ``ref`` is an overlay of another ref (:class:`RefOverlay`).
+    overlays: tuple[RefOverlay, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -152,10 +169,11 @@ class ChunkStore(Protocol):
                       context_id: str | None = None) -> set[str]: ...
 
     def indexed_blobs(self, source_id: str, agent_name: str, context_id: str,
-                      ref: str | None = None) -> dict[str, str]: ...
+                      ref: str | None = None, overlay: RefOverlay | None = None) -> dict[str, str]: ...
 
     def chunk_versions(self, agent_name: str, context_id: str, source_id: str, paths: Sequence[str],
-                       ref: str | None = None) -> dict[str, dict[str, tuple[str, str]]]: ...
+                       ref: str | None = None,
+                       overlay: RefOverlay | None = None) -> dict[str, dict[str, tuple[str, str]]]: ...
 
     def delete_ids(self, ids: Sequence[str]) -> int: ...
 
@@ -192,8 +210,9 @@ class ChunkStore(Protocol):
         ...
 
     def copy_ref(self, scope_agent: str, scope_context: str, source_id: str, from_ref: str, to_ref: str,
-                 exclude_paths: Sequence[str] = ()) -> int:
-        """Add ``to_ref`` to every chunk of ``from_ref`` (one scope and source) outside ``exclude_paths``."""
+                 exclude_paths: Sequence[str] = (), exclude_ids: Sequence[str] = ()) -> int:
+        """Add ``to_ref`` to every chunk whose ``refs`` name ``from_ref`` (one scope and source) outside
+        ``exclude_paths`` and ``exclude_ids``; returns the chunks that joined."""
         ...
 
     def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0,

@@ -26,6 +26,7 @@ from scopekb.stores.base import (
     BulkReport,
     IndexPlacementError,
     RawHit,
+    RefOverlay,
     ScopeFilter,
     SearchFilter,
     StoreVersionMismatch,
@@ -163,7 +164,7 @@ def filter_clauses(flt: SearchFilter) -> list[dict[str, Any]]:
     if flt.repo:
         out.append({"term": {F.REPO: flt.repo}})
     if flt.ref:
-        out.append(ref_clause(flt.ref.removeprefix("refs/heads/")))
+        out.append(member_clause(flt.ref.removeprefix("refs/heads/"), flt.overlays))
     elif flt.pinned:  # leave out chunks of pins only: a member of a pin and of no ref named otherwise than a commit id
         out.append({"bool": {"must_not": [{"bool": {"filter": [{"terms": {F.REFS: list(flt.pinned)}}], "must_not": [
             {"regexp": {F.REFS: {"value": "~([0-9a-f]{40})", "flags": "COMPLEMENT"}}}]}}]}})
@@ -199,6 +200,20 @@ def ref_clause(ref: str) -> dict[str, Any]:
         {"term": {F.REFS: ref}},
         {"bool": {"must_not": [{"exists": {"field": F.REFS}}], "filter": [{"term": {F.REF: ref}}]}}],
         "minimum_should_match": 1}}
+
+
+def member_clause(ref: str, overlays: Sequence[RefOverlay] = ()) -> dict[str, Any]:
+    """Chunks of ``ref`` (:func:`ref_clause`) plus, per :class:`RefOverlay`, the chunks of its source whose
+    ``refs`` name its base and whose id it does not hide."""
+    if not overlays:
+        return ref_clause(ref)
+    parts: list[dict[str, Any]] = [ref_clause(ref)]
+    for ov in overlays:
+        part: dict[str, Any] = {"filter": [{"term": {F.SOURCE_ID: ov.source_id}}, {"term": {F.REFS: ov.base}}]}
+        if ov.hidden:
+            part["must_not"] = [{"ids": {"values": sorted(ov.hidden)}}]
+        parts.append({"bool": part})
+    return {"bool": {"should": parts, "minimum_should_match": 1}}
 
 
 #: OpenSearch root causes that mean "the query is too large": the caller's to fix.
@@ -640,7 +655,7 @@ class OpenSearchChunkStore:
         return unlinked, deleted
 
     def copy_ref(self, scope_agent: str, scope_context: str, source_id: str, from_ref: str, to_ref: str,
-                 exclude_paths: Sequence[str] = ()) -> int:
+                 exclude_paths: Sequence[str] = (), exclude_ids: Sequence[str] = ()) -> int:
         """Make every chunk of ``from_ref`` (one scope and source) a member of ``to_ref`` too, except the chunks
         of ``exclude_paths``: a new ref starts as a copy of the nearest indexed one, without writing a chunk.
         Returns the chunks that joined ``to_ref``."""
@@ -648,8 +663,9 @@ class OpenSearchChunkStore:
         query: dict[str, Any] = {"bool": {"filter": [
             {"term": {F.AGENT_NAME: scope_agent}}, {"term": {F.CONTEXT_ID: scope_context}},
             {"term": {F.SOURCE_ID: source_id}}, ref_clause(from_ref)]}}
-        if exclude_paths:
-            query["bool"]["must_not"] = [{"terms": {F.PATH: list(exclude_paths)}}]
+        if exclude_paths or exclude_ids:
+            query["bool"]["must_not"] = [*([{"terms": {F.PATH: list(exclude_paths)}}] if exclude_paths else []),
+                                         *([{"ids": {"values": list(exclude_ids)}}] if exclude_ids else [])]
         script = {"lang": "painless", "params": {"ref": to_ref, "old": from_ref}, "source": (
             f"def r = ctx._source.{F.REFS}; if (r == null) {{ r = [params.old]; }}"
             " else if (!(r instanceof List)) { r = [r]; }"
@@ -732,7 +748,7 @@ class OpenSearchChunkStore:
         return {b[F.PATH] for b in self._composite(flt, [F.PATH])}
 
     def indexed_blobs(self, source_id: str, agent_name: str, context_id: str,
-                      ref: str | None = None) -> dict[str, str]:
+                      ref: str | None = None, overlay: RefOverlay | None = None) -> dict[str, str]:
         """path → blob id of what one scope of a source holds: the blob of the path's most recent write.
 
         A changed file rewrites only its changed chunks (issue 20), so a path's chunks normally carry several blob
@@ -741,13 +757,15 @@ class OpenSearchChunkStore:
         treated as changed and rewritten. One composite aggregation of (path, blob id) with ``max(indexed_at)``.
         """
         flt: list[dict[str, Any]] = [{"term": {F.SOURCE_ID: source_id}}, {"term": {F.AGENT_NAME: agent_name}},
-                                     {"term": {F.CONTEXT_ID: context_id}}, *([ref_clause(ref)] if ref else [])]
+                                     {"term": {F.CONTEXT_ID: context_id}},
+                                     *([member_clause(ref, [overlay] if overlay else [])] if ref else [])]
         return newest_blob_per_path(
             (b[F.PATH], b[F.BLOB_SHA], float(b.get("t") or 0.0))
             for b in self._composite(flt, [F.PATH, F.BLOB_SHA], sub={"t": {"max": {"field": F.INDEXED_AT}}}))
 
     def chunk_versions(self, agent_name: str, context_id: str, source_id: str, paths: Sequence[str],
-                       ref: str | None = None) -> dict[str, dict[str, tuple[str, str]]]:
+                       ref: str | None = None,
+                       overlay: RefOverlay | None = None) -> dict[str, dict[str, tuple[str, str]]]:
         """What one scope of a source holds for ``paths``: path → {chunk id: (blob id, indexed_at)} (issue 20:
         the sync compares these ids with the new chunks' ids, writes only the missing ones and deletes only the
         vanished ones). One search per 1,000 paths; a scroll when more than 10,000 chunks match."""
@@ -756,7 +774,7 @@ class OpenSearchChunkStore:
             query = {"bool": {"filter": [
                 {"term": {F.AGENT_NAME: agent_name}}, {"term": {F.CONTEXT_ID: context_id}},
                 {"term": {F.SOURCE_ID: source_id}}, {"terms": {F.PATH: list(paths[i:i + 1000])}},
-                *([ref_clause(ref)] if ref else [])]}}
+                *([member_clause(ref, [overlay] if overlay else [])] if ref else [])]}}
             fields = [F.PATH, F.BLOB_SHA, F.INDEXED_AT]
             try:
                 res = self.client.search(index=self.alias, body={"query": query, "size": 10000,

@@ -29,6 +29,7 @@ _KEYWORD_FIELDS: dict[str, list[str]] = {
     "keys": ["id", "agent_name", "key_hash", "context_ids", "role"],
     "deadletters": ["id", "task"],
     "ranking": ["agent_name", "context_id", "source_id"],  # per-context ranking choice (scopekb.tuning)
+    "overlays": ["source_id"],  # ref overlays of a source (scopekb.overlays)
 }
 _DATE_FIELDS = {"created_at", "started_at", "finished_at", "indexed_at", "revoked_at", "replayed_at"}
 #: A record write waits at most 10 s on the server for its primary shard or a cluster block (no elected cluster

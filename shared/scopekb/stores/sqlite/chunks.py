@@ -22,6 +22,7 @@ from scopekb.logging import get_logger
 from scopekb.stores.base import (
     BulkReport,
     RawHit,
+    RefOverlay,
     ScopeFilter,
     SearchFilter,
     StoreVersionMismatch,
@@ -625,9 +626,9 @@ class SqliteChunkStore:
         return len(unlinked) + len(orphans), len(orphans)
 
     def copy_ref(self, scope_agent: str, scope_context: str, source_id: str, from_ref: str, to_ref: str,
-                 exclude_paths: Sequence[str] = ()) -> int:
+                 exclude_paths: Sequence[str] = (), exclude_ids: Sequence[str] = ()) -> int:
         """Make every chunk of ``from_ref`` (one scope and source) a member of ``to_ref`` too, except the chunks
-        of ``exclude_paths``. Returns the chunks that joined ``to_ref``."""
+        of ``exclude_paths`` and ``exclude_ids``. Returns the chunks that joined ``to_ref``."""
         with self._db.write() as conn:
             if not self._readable(conn):
                 return 0
@@ -637,8 +638,9 @@ class SqliteChunkStore:
             rows = [r[0] for r in conn.execute(
                 "SELECT c.rowid FROM chunk_refs r JOIN chunks c ON c.rowid = r.chunk WHERE r.ref = ? AND"
                 " c.agent_name = ? AND c.context_id = ? AND c.source_id = ? AND c.path NOT IN (SELECT path FROM"
-                " skip_paths) AND c.rowid NOT IN (SELECT chunk FROM chunk_refs WHERE ref = ?)",
-                (from_ref, scope_agent, scope_context, source_id, to_ref))]
+                " skip_paths) AND c.rowid NOT IN (SELECT chunk FROM chunk_refs WHERE ref = ?)"
+                " AND c.id NOT IN (SELECT value FROM json_each(?))",
+                (from_ref, scope_agent, scope_context, source_id, to_ref, json.dumps(list(exclude_ids))))]
             for rowid in rows:
                 left = [r[0] for r in conn.execute("SELECT ref FROM chunk_refs WHERE chunk = ?", (rowid,))]
                 self._put_refs(conn, rowid, sorted({*left, to_ref}))
@@ -664,26 +666,28 @@ class SqliteChunkStore:
         return {r[0] for r in rows if r[0] is not None}
 
     def indexed_blobs(self, source_id: str, agent_name: str, context_id: str,
-                      ref: str | None = None) -> dict[str, str]:
+                      ref: str | None = None, overlay: RefOverlay | None = None) -> dict[str, str]:
         """path → blob id of the path's most recent write (``""`` when two blob ids share the latest write time);
         see :meth:`scopekb.stores.opensearch.OpenSearchChunkStore.indexed_blobs`. Times compared at millisecond
         precision, as OpenSearch's ``max`` of a date does."""
+        member, margs = _member_sql(ref, [overlay] if overlay else []) if ref else ("1", [])
         with self._db.read() as conn:
             if not self._readable(conn):
                 return {}
             rows = conn.execute(
                 "SELECT c.path, json_extract(d.doc, '$.blob_sha'), MAX(substr(json_extract(d.doc, '$.indexed_at'),"
                 " 1, 23)) FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid"
-                " WHERE c.source_id = ? AND c.agent_name = ? AND c.context_id = ?"
-                + (" AND c.rowid IN (SELECT chunk FROM chunk_refs WHERE ref = ?)" if ref else "") + " GROUP BY 1, 2",
-                (source_id, agent_name, context_id, *([ref] if ref else []))).fetchall()
+                f" WHERE c.source_id = ? AND c.agent_name = ? AND c.context_id = ? AND {member} GROUP BY 1, 2",
+                (source_id, agent_name, context_id, *margs)).fetchall()
         return newest_blob_per_path((path, sha or "", t or "") for path, sha, t in rows)
 
     def chunk_versions(self, agent_name: str, context_id: str, source_id: str, paths: Sequence[str],
-                       ref: str | None = None) -> dict[str, dict[str, tuple[str, str]]]:
+                       ref: str | None = None,
+                       overlay: RefOverlay | None = None) -> dict[str, dict[str, tuple[str, str]]]:
         """path → {chunk id: (blob id, indexed_at)} of what one scope of a source holds for ``paths``."""
         out: dict[str, dict[str, tuple[str, str]]] = {}
         paths = list(paths)
+        member, margs = _member_sql(ref, [overlay] if overlay else []) if ref else ("1", [])
         with self._db.read() as conn:
             if not self._readable(conn):
                 return out
@@ -692,9 +696,8 @@ class SqliteChunkStore:
                 rows = conn.execute(
                     "SELECT c.path, c.id, json_extract(d.doc, '$.blob_sha'), json_extract(d.doc, '$.indexed_at')"
                     " FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid WHERE c.agent_name = ? AND"
-                    f" c.context_id = ? AND c.source_id = ? AND c.path IN ({','.join('?' * len(part))})"
-                    + (" AND c.rowid IN (SELECT chunk FROM chunk_refs WHERE ref = ?)" if ref else ""),
-                    [agent_name, context_id, source_id, *part, *([ref] if ref else [])]).fetchall()
+                    f" c.context_id = ? AND c.source_id = ? AND c.path IN ({','.join('?' * len(part))}) AND {member}",
+                    [agent_name, context_id, source_id, *part, *margs]).fetchall()
                 for path, cid, sha, t in rows:
                     out.setdefault(path, {})[cid] = (sha or "", t or "")
         return out
@@ -931,6 +934,18 @@ def _unit_rows(buf: bytes, n: int, dim: int) -> np.ndarray:
     return mat / norms
 
 
+def _member_sql(ref: str, overlays: Sequence[RefOverlay] = ()) -> tuple[str, list[Any]]:
+    """SQL over table alias ``c`` for the chunks of ``ref`` (members, plus each :class:`RefOverlay`'s base chunks
+    of its source that it does not hide) and its parameters."""
+    parts = ["c.rowid IN (SELECT chunk FROM chunk_refs WHERE ref = ?)"]
+    args: list[Any] = [ref]
+    for ov in overlays:
+        parts.append("(c.source_id = ? AND c.rowid IN (SELECT chunk FROM chunk_refs WHERE ref = ?)"
+                     " AND c.id NOT IN (SELECT value FROM json_each(?)))")
+        args.extend([ov.source_id, ov.base, json.dumps(sorted(ov.hidden))])
+    return "(" + " OR ".join(parts) + ")", args
+
+
 def _filter_sql(flt: SearchFilter) -> tuple[str, list[Any]]:
     """SQL ``WHERE`` text over table alias ``c`` and its parameters for every filter of a search."""
     where = ["c.agent_name = ?"]
@@ -947,8 +962,9 @@ def _filter_sql(flt: SearchFilter) -> tuple[str, list[Any]]:
         where.append("c.repo = ?")
         args.append(flt.repo)
     if flt.ref:
-        where.append("c.rowid IN (SELECT chunk FROM chunk_refs WHERE ref = ?)")
-        args.append(flt.ref.removeprefix("refs/heads/"))
+        member, margs = _member_sql(flt.ref.removeprefix("refs/heads/"), flt.overlays)
+        where.append(member)
+        args.extend(margs)
     elif flt.pinned:  # leave out chunks whose refs are only pins
         marks = ",".join("?" * len(flt.pinned))
         where.append(f"(c.rowid NOT IN (SELECT chunk FROM chunk_refs WHERE ref IN ({marks})) OR c.rowid IN "
