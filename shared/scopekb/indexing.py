@@ -570,6 +570,9 @@ def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPr
               ref: str, target: str, tree: dict[str, TreeEntry], progress: Progress | None, verify: bool) -> None:
     """Bring ``ref`` of ``sources`` to ``target``: plan against the ref's last indexed commit (or the nearest
     indexed ref's, whose membership is copied first), read, write and advance the ref's state."""
+    # The ref's plan, its overlay start and its deletions read the store by search: make the writes of the refs
+    # synced before it in this job visible first (OpenSearch searches see refreshed writes only).
+    deps.chunks.refresh()
     plans = [_plan(deps, reader, src, target, tree, verify, ref) for src in sources]
     for plan in plans:
         job.from_commit.setdefault(plan.source.id, plan.from_commit)
@@ -605,6 +608,7 @@ def _write_ref(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str,
     for plan in plans:
         if plan.to_delete:
             src = plan.source
+            deps.chunks.refresh()  # the batches' writes are visible to the search below
             held = deps.chunks.chunk_versions(src.agent_name, src.context_id, src.id, plan.to_delete, ref=ref,
                                               overlay=overlays.get_overlay(deps.records, src.id, ref))
             job.chunks_deleted += _leave(deps, src.agent_name, src.context_id, src.id, ref,
