@@ -13,8 +13,8 @@ Invariants kept by the sync (:mod:`scopekb.indexing`), each step safe to die aft
 - a chunk that joins ``B`` is hidden first in every overlay of ``B`` that does not name it (:func:`hide_joining`);
 - a chunk that leaves ``B`` first becomes an explicit member of every overlay of ``B`` that sees it, then leaves
   ``B``, then is dropped from their hidden sets (:func:`materialize_leaving`);
-- a chunk that leaves an overlay ``R`` is hidden in ``R`` when ``R`` sees it through ``B``, and loses ``R`` from
-  its ``refs`` when it names ``R``;
+- a chunk that leaves an overlay ``R`` is hidden in ``R`` when ``B`` holds it (even when it names ``R`` too: it
+  joined ``B`` after ``R``), and loses ``R`` from its ``refs`` when it names ``R``;
 - before ``B`` itself is dropped, each overlay of ``B`` gets every chunk it sees through ``B`` as explicit
   members and stops being an overlay (:func:`dissolve`).
 """
@@ -122,12 +122,13 @@ def forget_left(records: RecordStore, source_id: str, deps: Mapping[str, RefOver
 
 
 def hide_in_overlay(records: RecordStore, source_id: str, ref: str, refs_before: Mapping[str, Sequence[str]]) -> None:
-    """Chunks leaving the overlay ``ref`` (``id -> refs`` now): those it sees through its base are hidden in it
-    (those naming ``ref`` leave by :meth:`ChunkStore.remove_ref`)."""
+    """Chunks leaving the overlay ``ref`` (``id -> refs`` now): every one its base holds is hidden in it - also one
+    that names ``ref`` too (it joined the base after it joined ``ref``), which would otherwise still be seen through
+    the base once :meth:`ChunkStore.remove_ref` drops the name."""
     ov = get_overlay(records, source_id, ref)
     if ov is None:
         return
-    add = {cid for cid, refs in refs_before.items() if ref not in refs and ov.base in refs} - ov.hidden
+    add = {cid for cid, refs in refs_before.items() if ov.base in refs} - ov.hidden
     if add:
         put_overlay(records, source_id, ref, RefOverlay(source_id, ov.base, ov.hidden | add))
 

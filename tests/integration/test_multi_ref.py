@@ -333,3 +333,30 @@ def test_a_new_branch_reuses_every_unchanged_chunk(world: dict[str, Any], tmp_pa
     assert job.chunks_linked <= 20 * 3, job.chunks_linked
     assert np.isfinite(job.chunks_linked)
     check(world, hist, src)
+
+
+def test_a_file_an_overlay_drops_after_its_base_gained_it_leaves_the_overlay(world: dict[str, Any],
+                                                                             tmp_path_factory: Any) -> None:
+    """Regression (hypothesis seed 94216921201143823339090198570126782646 on OpenSearch): ``b1`` is an overlay of
+    ``main`` holding ``c.txt`` by its own membership; ``main`` then gains the same ``c.txt`` (the chunk names both),
+    and ``b1`` deletes it. ``b1`` must stop seeing it, although ``main`` still holds it: the chunk it leaves is
+    hidden in ``b1``, not only unnamed."""
+    deps: SyncDeps = world["deps"]
+    hist = History(tmp_path_factory.mktemp("hist") / "repo.git")
+    base = {"a.py": "def alpha():\n    return 1\n", "b.md": "# notes\n"}
+    first = hist.commit("main", base)
+    git(hist.path, "update-ref", "refs/heads/b1", first)
+    shared = hist.commit("b1", {**base, "c.txt": "text line\nvalue = 3\n"})
+    src = Source(id=Source.new_id(), agent_name="mref", context_id=uuid.uuid4().hex[:8], repo_url=str(hist.path),
+                 ref="main", refs=["main", "b*"], webhooks=False)
+    deps.records.put_source(src)
+    for step in ("both", "main gains c.txt", "b1 drops c.txt", "b1 drops everything"):
+        if step == "main gains c.txt":
+            git(hist.path, "update-ref", "refs/heads/main", shared)
+        elif step == "b1 drops c.txt":
+            hist.commit("b1", base)
+        elif step == "b1 drops everything":
+            hist.commit("b1", {})
+        job = run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
+        assert job.state.value == "done", job.errors
+        check(world, hist, src)
