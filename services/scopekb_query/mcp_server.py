@@ -35,7 +35,14 @@ from scopekb import ops
 from scopekb.auth import ApiKey, KeyLookup, Unauthenticated, resolve_scope
 from scopekb.errors import Refused, Transient
 from scopekb.logging import configure_logging, get_logger
-from scopekb.models import MAX_ANSWER_TOKENS, MIN_ANSWER_TOKENS, ReadRequest, SearchRequest, Source
+from scopekb.models import (
+    MAX_ANSWER_TOKENS,
+    MIN_ANSWER_TOKENS,
+    ReadRequest,
+    SearchRequest,
+    Source,
+    check_scope_part,
+)
 from scopekb.reading import read_lines
 from scopekb.refs import CommitNotIndexed
 from scopekb.render import FENCE_CLOSE, FENCE_OPEN, fence_nonce, field, validation_message
@@ -306,6 +313,10 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
 
 def _add_status(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
     def _status(key: ApiKey, context_id: str | None) -> str:
+        try:  # the rule of search and read (scopekb.models.check_scope_part)
+            context_id = None if context_id is None else check_scope_part(context_id, "context_id")
+        except ValueError as e:
+            raise ToolError(f"invalid arguments: {e}") from None
         if context_id is not None and key.context_ids is not None and context_id not in key.context_ids:
             raise ToolError(f"context_id {context_id!r} is not allowed for this key")
         sources = [s for s in rt.records.list_sources(agent_name=key.agent_name)

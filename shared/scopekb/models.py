@@ -28,7 +28,13 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _check_scope_part(value: str, name: str) -> str:
+def check_scope_part(value: str, name: str) -> str:
+    """``value`` when it is a valid agent name or context id (1-200 printable characters, no control character,
+    no whitespace at the ends); ``name`` names it in the error.
+
+    Raises:
+        ValueError: it is not (REST/MCP/CLI answer with this message).
+    """
     if not _SCOPE_RE.match(value):
         raise ValueError(f"{name} must be 1-200 printable characters without leading/trailing spaces")
     return value
@@ -43,12 +49,12 @@ class Scope(BaseModel):
     @field_validator("agent_name")
     @classmethod
     def _agent(cls, v: str) -> str:
-        return _check_scope_part(v, "agent_name")
+        return check_scope_part(v, "agent_name")
 
     @field_validator("context_id")
     @classmethod
     def _context(cls, v: str) -> str:
-        return _check_scope_part(v, "context_id")
+        return check_scope_part(v, "context_id")
 
 
 class KeyCreate(BaseModel):
@@ -267,6 +273,8 @@ class SearchMode(StrEnum):
 
 #: Modes that match text line by line (every hit lists its matching lines).
 LINE_MODES = frozenset({SearchMode.exact, SearchMode.regex})
+#: Most whitespace-separated terms of a keyword/vector/hybrid query (each becomes clauses on the boosted fields).
+MAX_QUERY_TERMS = 256
 #: Metadata filter limits: keys per request, values per key, characters per key or value.
 MAX_METADATA_KEYS, MAX_METADATA_VALUES, MAX_METADATA_CHARS = 16, 32, 256
 
@@ -321,9 +329,12 @@ class SearchRequest(BaseModel):
     def _not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("query must not be blank")
-        if len(v.split()) > 256:  # OpenSearch refuses more than 1,024 clauses across the boosted fields
-            raise ValueError("query has more than 256 terms")
         return v
+
+    @field_validator("context_id")
+    @classmethod
+    def _context(cls, v: str | None) -> str | None:
+        return None if v is None else check_scope_part(v, "context_id")
 
     @field_validator("kinds")
     @classmethod
@@ -351,6 +362,10 @@ class SearchRequest(BaseModel):
 
     @model_validator(mode="after")
     def _mode_fields(self) -> SearchRequest:
+        # BM25/kNN only: OpenSearch refuses more than 1,024 clauses across the boosted fields; exact and regex match
+        # the query as one literal or pattern (hostile review 2, H8), bounded by max_length and query.regex_*.
+        if self.mode not in LINE_MODES and self.mode != SearchMode.symbol and len(self.query.split()) > MAX_QUERY_TERMS:
+            raise ValueError(f"query has more than {MAX_QUERY_TERMS} terms (modes keyword, vector, hybrid)")
         if self.mode in LINE_MODES and ("\n" in self.query or "\r" in self.query):
             raise ValueError(f"{self.mode.value} search matches within one line; the query must not contain a "
                              "line break")
@@ -477,6 +492,11 @@ class ReadRequest(BaseModel):
     repo: str | None = Field(default=None, max_length=1000)
     context_id: str | None = None
     cross_context: bool = False
+
+    @field_validator("context_id")
+    @classmethod
+    def _context(cls, v: str | None) -> str | None:
+        return None if v is None else check_scope_part(v, "context_id")
 
     @field_validator("blob_sha")
     @classmethod

@@ -319,7 +319,9 @@ def render_text(resp: SearchResponse, max_tokens: int | None = None, counter: Co
         max_tokens: a budget in tokens of ``counter``: hits are kept best first; the first that does not fit is
             cut at a line boundary (a ``[n] cut at the token budget: lines a-b not shown`` line follows its fence)
             and the ones after it are omitted (named on a last ``Budget:`` line). The whole text's count is checked
-            and is never over the budget (:data:`scopekb.models.MIN_ANSWER_TOKENS` and up).
+            and is never over the budget (:data:`scopekb.models.MIN_ANSWER_TOKENS` and up). A budget too small for
+            that still shows the first result's header and first lines (:func:`_first_only`), or names the budget
+            that would.
         counter: the tokenizer the budget is counted with: the embedding model's (the runtime's ``counter``); None:
             the tokenizer-free estimate of :class:`scopekb.chunking.tokens.EstimateCounter`.
     """
@@ -412,13 +414,55 @@ def _pack(resp: SearchResponse, blocks: list[_Block], nonce: str, tail: list[str
         budget = [_budget_line(max_tokens, counter, omitted)] if stop else []
         text = _assemble(summary, kept, nonce, [*tail, *budget])
         total = counter.count(text)
-        if total <= max_tokens:
+        if total <= max_tokens and kept:
             return text
+        if total <= max_tokens:
+            break  # it fits, but shows no result: the compact form below
         target -= (total - max_tokens) + 10
         query_chars = max(0, query_chars // 2)
-    return _fit(lambda q: "\n\n".join(
-        ([summary_line(resp, q)] if resp.scope is not None else []) + [_budget_line(max_tokens, counter, blocks)]),
-        max_tokens, counter)
+    return _first_only(resp, blocks[0], len(blocks) - 1, nonce, tail, max_tokens, counter)
+
+
+def _first_only(resp: SearchResponse, first: _Block, rest: int, nonce: str, tail: list[str], max_tokens: int,
+                counter: Counter) -> str:
+    """The answer of a budget too small for the full packing (hostile review 2, H8: at ``max_tokens`` 100 no
+    result was shown): the first result alone with its header line only (no ``why:``/``also`` lines) and as many
+    of its lines as fit, the other results counted on a short ``Budget:`` line; the summary's query echo, the
+    ``Note:`` line and then the summary are given up first. When no line fits, the header alone with a line
+    naming the lines not shown (a ``read`` of path and blob gives them); when not even that fits, one line names
+    the smallest budget that shows the first line."""
+    head = _Block(first.n, first.head[:1], first.lines, first.hit)
+    budget = f"Budget: {int(max_tokens)} tokens" + (
+        f"; {rest} more result{'s' if rest != 1 else ''} omitted" if rest else "") + "."
+    h = first.hit
+    unshown = (f"[{first.n}] lines {int(h.start_line)}-{int(h.end_line)} not shown: over the token budget "
+               "(read them by path and blob)")
+
+    def text(query_chars: int | None, notes: list[str], keep: int) -> str:
+        summary = summary_line(resp, query_chars) if resp.scope is not None and query_chars is not None else None
+        if keep:
+            return _assemble(summary, [(head, keep)], nonce, [*notes, budget])
+        return "\n\n".join([*([summary] if summary else []), "\n".join([*head.head, unshown]), *notes, budget])
+
+    tries: list[tuple[int | None, list[str]]] = [(200, tail), (30, tail), (0, tail), (0, []), (None, [])]
+    for q, notes in tries:
+        if counter.count(text(q, notes, 1)) > max_tokens:
+            continue
+        lo, hi = 1, len(head.lines)  # the largest line prefix that fits, counted on the whole text
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if counter.count(text(q, notes, mid)) <= max_tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return text(q, notes, lo)
+    for q, notes in tries:
+        if counter.count(text(q, notes, 0)) <= max_tokens:
+            return text(q, notes, 0)
+    need = counter.count(text(None, [], 1))
+    return _fit(lambda q: f"Budget: {int(max_tokens)} tokens is too small to show a result: the first one's header "
+                          f"and first line need {need}; ask again with max_tokens of at least {need}.", max_tokens,
+                counter)
 
 
 def validation_message(errors: Iterable[Mapping[str, Any]], max_errors: int = 3) -> str:

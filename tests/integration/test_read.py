@@ -108,12 +108,18 @@ def test_read_refuses_what_the_scope_never_indexed(api: dict[str, Any]) -> None:
     assert c.get("/v1/read", params={**ok, "path": "latin1.txt"}, headers=mine).status_code == 404
     assert c.get("/v1/read", params={**ok, "repo": "acme/other"}, headers=mine).status_code == 404
     assert c.get("/v1/read", params={**ok, "blob_sha": "f" * 40}, headers=mine).status_code == 404
-    # Bad input: 422 with the reason, never 500.
+    # Bad input: 422 with the reason, never 500, in one shape: {"detail": "<argument>: <reason>"} (hostile review
+    # 2, H8: FastAPI's own checks answered a list, ours a string).
     for bad, word in (({"blob_sha": "xyz"}, "blob_sha"), ({"start_line": 0}, "start_line"),
                       ({"start_line": 3, "end_line": 2}, "end_line"), ({"start_line": 99}, "past the blob"),
-                      ({"format": "xml"}, "format")):
+                      ({"format": "xml"}, "format"), ({"start_line": "abc"}, "start_line"),
+                      ({"end_line": "1.5"}, "end_line"), ({"cross_context": "maybe"}, "cross_context"),
+                      ({"context_id": " padded"}, "context_id"), ({"context_id": ""}, "context_id")):
         r = c.get("/v1/read", params={**ok, **bad}, headers=mine)
         assert r.status_code == 422 and word in r.text, (bad, r.status_code, r.text)
+        assert isinstance(r.json()["detail"], str), (bad, r.text)
+    r = c.get("/v1/read", params={"path": "crlf.py"}, headers=mine)
+    assert r.status_code == 422 and r.json()["detail"] == "blob_sha: Field required", r.text
     inverted = c.get("/v1/read", params={**ok, "start_line": 3, "end_line": 2}, headers=mine).json()["detail"]
     assert inverted == "end_line must not be before start_line", inverted  # F9: no empty field name
     assert c.get("/v1/read", params={**ok, "context_id": "other"}, headers=mine).status_code == 403
