@@ -35,7 +35,8 @@ QUERIES = ["get_terminal_size", "shell completion for bash", "resultcallback"]
 
 
 def say(msg: str) -> None:
-    print(f"\033[1m==> {msg}\033[0m", flush=True)
+    """A step line: bold on a terminal, plain text in a log or pipe (no escape codes; README newcomer run)."""
+    print(f"\033[1m==> {msg}\033[0m" if sys.stdout.isatty() else f"==> {msg}", flush=True)
 
 
 def free_port() -> int:

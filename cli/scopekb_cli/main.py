@@ -6,9 +6,11 @@ Operator commands talk to the stores named by the settings (``SCOPEKB_*``); erro
 from __future__ import annotations
 
 import json
+import re
 import sys
 import uuid
-from typing import Annotated
+from enum import StrEnum
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,8 +21,27 @@ from rich.text import Text
 from scopekb import ops
 from scopekb.errors import NotFound
 from scopekb.logging import configure_logging
-from scopekb.models import KeyCreate, ReadRequest, SearchMode, SearchRequest, Source, SourceCreate
-from scopekb.render import field, matching_lines, one_line, origin, terminal_text
+from scopekb.models import (
+    MAX_ANSWER_TOKENS,
+    MIN_ANSWER_TOKENS,
+    KeyCreate,
+    ReadRequest,
+    SearchMode,
+    SearchRequest,
+    Source,
+    SourceCreate,
+    check_scope_part,
+)
+from scopekb.render import (
+    also_line,
+    field,
+    matching_lines,
+    one_line,
+    origin,
+    render_text,
+    terminal_text,
+    validation_message,
+)
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.search import SearchUnavailable, run_search
 from scopekb.settings import get_settings
@@ -45,6 +66,46 @@ def _add_row(table: Table, *cells: object) -> None:
     markup (``[/bold]`` would raise or hide text), their control characters are shown escaped, and a narrow
     terminal folds them rather than cutting them (a source id must stay whole to be used)."""
     table.add_row(*(Text(one_line(c), overflow="fold") for c in cells))  # ids whole, never cut with …
+
+
+class _LineProgress:
+    """Progress as plain lines on stderr (``reading files: 40/115``) for output that is not a terminal (a log, a
+    pipe, CI), where a live bar prints nothing until it ends (README newcomer run): a line per task at its start,
+    at each further tenth and at its end. The subset of :class:`rich.progress.Progress` the commands use."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.tasks: list[list[Any]] = []  # [description, total, tenth last printed]
+
+    def __enter__(self) -> _LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None) -> int:
+        """A new task; its first line is printed by its first :meth:`update`."""
+        self.tasks.append([description, total, -1])
+        return len(self.tasks) - 1
+
+    def update(self, task: int, completed: float = 0, total: float | None = None) -> None:
+        """Record ``completed`` of ``total``; print a line when a new tenth (or the end) is reached."""
+        t = self.tasks[task]
+        if total is not None:
+            t[1] = total
+        tenth = int(10 * completed / t[1]) if t[1] else 0
+        if tenth > t[2] or (t[1] and completed >= t[1] and t[2] < 10):
+            t[2] = 10 if t[1] and completed >= t[1] else tenth
+            of = f"/{int(t[1])}" if t[1] else ""
+            self.console.print(f"{t[0]}: {int(completed)}{of}", markup=False, highlight=False)
+
+
+def _progress(*columns: Any, transient: bool = False) -> Any:
+    """A live progress bar on stderr with ``columns`` when it is a terminal, else :class:`_LineProgress`."""
+    if err.is_terminal:
+        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), *columns, console=err,
+                        transient=transient)
+    return _LineProgress(err)
 
 
 @app.callback()
@@ -126,6 +187,13 @@ def up(host: str = "127.0.0.1", port: int = 8000) -> None:
     threading.Thread(target=server.run, name="http", daemon=True).start()
     err.print(f"scopekb up (embedded, data in {s.data_dir}): http://{host}:{port}  — /v1/search, /mcp, "
               f"/webhooks/<host>, /console, /docs")
+    import warnings
+
+    from celery.exceptions import SecurityWarning
+
+    # Celery warns a worker run as root that a message could make it run code as root; this worker's broker is
+    # in-memory, so only this process's own tasks reach it (JSON only, never pickle).
+    warnings.filterwarnings("ignore", category=SecurityWarning)
     try:
         celery_app.worker_main(["worker", "--pool=solo", "--loglevel=WARNING", f"--queues={s.worker.queue}",
                                 "--without-gossip", "--without-mingle", "--without-heartbeat"])
@@ -228,7 +296,7 @@ def reindex_cmd(wait_s: Annotated[int, typer.Option(help="seconds to wait for ru
             if _time.monotonic() > deadline:
                 raise CliError(f"syncs still running after {wait_s}s; try again later")
             _time.sleep(1)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err) as bar:
+        with _progress() as bar:
             try:
                 total = rt.chunks.count() or None
             except StoreVersionMismatch:  # an embedded index of an older schema: counted while rebuilding
@@ -473,8 +541,7 @@ def index(target: Annotated[str, typer.Argument(help="a folder, a local git repo
     known = {x.id for x in rt.records.list_sources(agent_name=agent)}
     src = _resolve_target(rt, target, agent, context, ref)
     _embedding_banner(rt)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err, transient=as_json) as bar:
+    with _progress(TimeRemainingColumn(), transient=as_json) as bar:
         tasks: dict[str, int] = {}
 
         def progress(phase: str, done: int, total: int) -> None:
@@ -512,6 +579,13 @@ def index(target: Annotated[str, typer.Argument(help="a folder, a local git repo
         raise typer.Exit(1)
 
 
+class GroupBy(StrEnum):
+    """``scopekb search --group-by`` (the request's ``group_by``)."""
+
+    chunk = "chunk"
+    file = "file"
+
+
 @app.command()
 def search(query: str,
            agent: Annotated[str, typer.Option(help="agent whose chunks are searched")] = "local",
@@ -529,6 +603,14 @@ def search(query: str,
            meta: Annotated[list[str] | None, typer.Option("--meta", help="metadata filter KEY=VALUE (repeatable)")
                            ] = None,
            ref: Annotated[str | None, typer.Option(help="a branch or tag, or the commit of one's indexed head")] = None,
+           source: Annotated[str | None, typer.Option("--source", help="only this source id")] = None,
+           group_by: Annotated[GroupBy, typer.Option(
+               "--group-by", help="chunk: every matching chunk; file: one result per file (adjacent chunks merged, "
+                                  "its other matching line ranges listed), --max-results then counts files")
+           ] = GroupBy.chunk,
+           max_tokens: Annotated[int | None, typer.Option(
+               "--max-tokens", help=f"print the agents' text answer (as REST format=text and MCP give it) packed "
+                                    f"into this many tokens ({MIN_ANSWER_TOKENS}..{MAX_ANSWER_TOKENS})")] = None,
            as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Search as an operator within an explicit scope (agents use the query API or MCP with their keys).
 
@@ -537,6 +619,10 @@ def search(query: str,
     from pydantic import ValidationError
 
     s = get_settings()
+    try:
+        check_scope_part(agent, "--agent")
+    except ValueError as e:
+        raise CliError(str(e)) from None
     rt = _rt()
     chosen = mode or (SearchMode.hybrid if rt.embedder is not None else SearchMode.keyword)
     scope = ScopeFilter(agent, None if context is None else (context,))
@@ -551,9 +637,10 @@ def search(query: str,
                             cross_context=context is None, file_patterns=file_pattern or [],
                             languages=language or [], case_sensitive=case_sensitive,
                             symbol_match="prefix" if prefix else "exact", kinds=kind or [],
-                            metadata=dict(filters.items()), ref=ref)
+                            metadata=dict(filters.items()), ref=ref, source_id=source, group_by=group_by.value,
+                            max_tokens=max_tokens)
     except ValidationError as e:
-        raise CliError("; ".join(one_line(str(x.get("msg")), 300) for x in e.errors())) from None
+        raise CliError(cli_terms(validation_message(e.errors(include_url=False)))) from None
     try:
         resp = run_search(rt.chunks, req, scope, s.query, embed=rt.embed_query if rt.embedder is not None else None,
                           records=rt.records)
@@ -563,7 +650,13 @@ def search(query: str,
         out.print_json(resp.model_dump_json())
         return
     if not resp.hits:
-        out.print(Text(f"No results for '{one_line(query, 200)}' ({chosen.value})."))
+        out.print(Text(f"No results for '{one_line(query, 200)}' ({chosen.value})"
+                       + _empty_scope(rt, agent, context, source) + "."), soft_wrap=True)
+        if resp.notice:
+            err.print(one_line(cli_terms(resp.notice), 2000), markup=False, highlight=False)
+        return
+    if max_tokens is not None:  # the agents' answer, as REST format=text and the MCP search tool render it
+        out.print(Text(render_text(resp, max_tokens, rt.counter)), soft_wrap=True)
         return
     words = [w for w in query.replace("_", " ").split() if len(w) > 2] + [query]
     for n, h in enumerate(resp.hits, 1):
@@ -577,6 +670,9 @@ def search(query: str,
         if h.blob_sha:
             head.append(f"  blob {field(h.blob_sha, 64)}", style="dim")
         out.print(head, soft_wrap=True)  # one line however narrow the terminal: the terminal wraps it
+        also = also_line(h)  # --group-by file: the file's other matching line ranges
+        if also:
+            out.print(Text("    " + also, style="dim"), soft_wrap=True)
         matched, more = matching_lines(h)
         if matched:  # exact/regex matches, symbol definition lines: each with its line number
             width = len(str(matched[-1][0]))
@@ -589,7 +685,42 @@ def search(query: str,
         snippet.highlight_words(words, style="bold yellow", case_sensitive=False)
         out.print(snippet, soft_wrap=True)
     if resp.notice:
-        err.print(one_line(resp.notice, 2000), markup=False, highlight=False)
+        err.print(one_line(cli_terms(resp.notice), 2000), markup=False, highlight=False)
+
+
+#: Request fields named in search notices and validation messages (shared with REST and MCP) and the
+#: ``scopekb search`` flag that sets each, so a CLI user reads the flag to change (README newcomer run).
+CLI_FLAGS = {"max_results": "--max-results", "file_patterns": "--file", "languages": "--language",
+             "source_id": "--source", "context_id": "--context", "case_sensitive": "--case-sensitive",
+             "symbol_match 'exact'": "no --prefix", "symbol_match": "--prefix", "kinds": "--kind",
+             "metadata": "--meta", "max_tokens": "--max-tokens", "group_by": "--group-by", "query": "QUERY",
+             "agent_name": "--agent"}
+_CLI_FLAG_RE = re.compile(r"(?<![\w.-])(" + "|".join(re.escape(k) for k in sorted(CLI_FLAGS, key=len, reverse=True))
+                          + r")(?![\w-]|\.\w)")
+
+
+def cli_terms(message: str) -> str:
+    """``message`` (a search notice or validation message written for REST and MCP) with each request field name
+    replaced by the ``scopekb search`` flag that sets it (:data:`CLI_FLAGS`); settings names such as
+    ``query.text_scan_max`` are kept."""
+    return _CLI_FLAG_RE.sub(lambda m: CLI_FLAGS[m.group(1)], message)
+
+
+def _empty_scope(rt: Runtime, agent: str, context: str | None, source: str | None) -> str:
+    """Why a search found nothing, when the scope itself is empty: ``; agent 'x' has no sources``, ``; context
+    'c' has nothing indexed for agent 'x' (its contexts: a, b)``; else ``""`` (the scope holds chunks, none
+    matched)."""
+    srcs = rt.records.list_sources(agent_name=agent)
+    if source is not None and not any(x.id == source for x in srcs):
+        return f"; agent {field(agent)} has no source {field(source)}"
+    if not srcs:
+        return f"; agent {field(agent)} has no sources (`scopekb index PATH --agent {field(agent)}` adds one)"
+    contexts = sorted({x.context_id for x in srcs})
+    if context is not None and context not in contexts:
+        shown = ", ".join(field(c) for c in contexts[:10]) + (f" +{len(contexts) - 10} more" if len(contexts) > 10
+                                                               else "")
+        return f"; context {field(context)} does not exist for agent {field(agent)} (its contexts: {shown})"
+    return ""
 
 
 @app.command("eval")
@@ -615,8 +746,7 @@ def eval_cmd(source_id: Annotated[str, typer.Argument(help="a registered git sou
     rt = _rt()
     src = ops.get_source(rt, source_id)
     _embedding_banner(rt)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err,
-                  transient=True) as bar:
+    with _progress(transient=True) as bar:
         tasks: dict[str, int] = {}
 
         def progress(phase: str, done: int, total: int) -> None:
@@ -624,11 +754,14 @@ def eval_cmd(source_id: Annotated[str, typer.Argument(help="a registered git sou
                 tasks[phase] = bar.add_task(f"{phase} set", total=total)
             bar.update(tasks[phase], completed=done, total=total)
 
+        empty: dict[str, str] = {}
         head, sets = evaluation.build_and_search(rt, src, sample=sample, kinds=kinds, progress=progress,
-                                                 boosts=tuning.BOOST_CANDIDATES if tune else ())
+                                                 boosts=tuning.BOOST_CANDIDATES if tune else (), empty=empty)
     if not sets:
-        raise CliError("no evaluation query could be mined from this repository (no qualifying commit or "
-                       "documented Python function)")
+        raise CliError("no evaluation query could be mined from this repository: "
+                       + "; ".join(f"{k} set: {why}" for k, why in empty.items()))
+    for k, why in empty.items():
+        err.print(one_line(f"{k} set empty: {why}"), markup=False, highlight=False)
     model = rt.embedder.model_id if rt.embedder is not None else None
     rep = evaluation.report(src, head, sets, store=getattr(rt.chunks, "kind", "?"), model=model)
     if tune:
@@ -706,9 +839,12 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    out.print(f"search store: {health['store']} {health['status']}, {health['nodes']} node(s), "
-              f"{health['data_nodes']} data node(s), unassigned shard copies: {health['unassigned_shards']}"
-              + (f"; {health['problem']}" if health["problem"] else ""), markup=False, highlight=False)
+    # a store that is not a cluster (SQLite) names itself in its own words (``summary``)
+    line = health.get("summary") or (
+        f"{health['store']} {health['status']}, {health['nodes']} node(s), {health['data_nodes']} data node(s), "
+        f"unassigned shard copies: {health['unassigned_shards']}")
+    out.print(f"search store: {line}" + (f"; {health['problem']}" if health["problem"] else ""), markup=False,
+              highlight=False, soft_wrap=True)
     t = Table("source", "scope", "repo", "ref", "indexed commit", "documents", "chunks", "ranking")
     for r in rows:
         _add_row(t, r["source"], r["scope"], str(r["repo"]), r["ref"], (r["indexed_commit"] or "-")[:12],

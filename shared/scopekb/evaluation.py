@@ -167,6 +167,18 @@ def history_queries(mirror: Mirror, head: str, n: int, scan: int = SCAN_COMMITS)
     return out
 
 
+def _no_history_reason(mirror: Mirror, head: str) -> str:
+    """Why :func:`history_queries` found nothing from ``head``, in one line."""
+    commits = _commits(mirror, head, SCAN_COMMITS)
+    with_parent = [c for c in commits if c.parent and not c.merge]
+    if not with_parent:
+        return (f"the ref has {len(commits)} commit(s) and none with one parent: a history query is a commit "
+                "subject and the definitions it changed from its parent")
+    return (f"none of the {len(with_parent)} newest non-merge commits qualifies: a subject of at least "
+            f"{evalsets.MIN_QUERY_WORDS} words that is not release noise, 1-{evalsets.MAX_TARGETS} definitions or "
+            "files changed, no test file")
+
+
 def _transient_source(rt: Runtime, agent: str, context: str, url: str, ref: str) -> Source:
     src = Source(agent_name=agent, context_id=context, repo_url=url, ref=ref, repo_name=f"eval {context}",
                  webhooks=False, id=Source.new_id())
@@ -198,11 +210,14 @@ def _remove(rt: Runtime, src: Source) -> None:
 
 def build_and_search(rt: Runtime, source: Source, sample: int = 100, kinds: tuple[str, ...] = KINDS,
                      progress: Progress | None = None, seed: int = 11,
-                     boosts: tuple[tuple[float, ...], ...] = ()) -> tuple[str, list[EvalSet]]:
+                     boosts: tuple[tuple[float, ...], ...] = (), empty: dict[str, str] | None = None
+                     ) -> tuple[str, list[EvalSet]]:
     """Mine the sets of ``source`` at its ref's head, index them transiently and search every query.
 
-    Returns ``(head commit, sets)``; a kind with no qualifying query is left out. ``boosts``: keyword field
-    boost candidates each query is also searched with (``Lists.keyword_by_boosts``, for ``--tune``).
+    Returns ``(head commit, sets)``; a kind with no qualifying query is left out, and ``empty`` (when given)
+    receives why, per kind (README newcomer run: ``--set history`` on a one-commit repository said nothing).
+    ``boosts``: keyword field boost candidates each query is also searched with (``Lists.keyword_by_boosts``,
+    for ``--tune``).
 
     Raises:
         EvalRefused: not a git source, its ref does not resolve, or ``sample`` < 1.
@@ -228,6 +243,8 @@ def build_and_search(rt: Runtime, source: Source, sample: int = 100, kinds: tupl
             raise EvalRefused(f"ref {source.ref!r} not found in the repository")
         if "history" in kinds:
             qs = history_queries(mirror, head, sample)
+            if not qs and empty is not None:
+                empty["history"] = _no_history_reason(mirror, head)
             if qs:
                 src = _transient_source(rt, agent, "history", source.repo_url, qs[0].at or head)
                 made.append(src)
@@ -250,6 +267,9 @@ def build_and_search(rt: Runtime, source: Source, sample: int = 100, kinds: tupl
                     files.append((entry.path, mirror.read_blob(entry.sha).decode("utf-8", errors="replace")))
             stripped, all_qs = evalsets.docstring_set(files)
             qs = evalsets.sample(all_qs, sample, seed)
+            if not qs and empty is not None:
+                empty["docstring"] = (f"no documented Python function at {head[:12]} ({len(files)} Python file(s) "
+                                      "read): a function with a docstring makes one query")
             if qs:
                 repo = tmp / "docstring"
                 for path, text in stripped.items():

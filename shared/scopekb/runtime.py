@@ -195,7 +195,8 @@ def celery_app(settings: Settings, name: str = "scopekb") -> Celery:
     """A Celery app for this profile: Redis broker and results (distributed) or the in-memory broker shared by
     the threads of one process (embedded). Configuration: :func:`scopekb.queue.make_celery`."""
     if is_embedded(settings):
-        return make_celery(settings, name, broker="memory://", backend="cache+memory://")
+        # a host named, so kombu does not warn "No hostname was supplied" (there is none to supply in memory)
+        return make_celery(settings, name, broker="memory://localhost/", backend="cache+memory://")
     return make_celery(settings, name, broker=settings.redis.url, backend=settings.redis.url)
 
 

@@ -67,3 +67,102 @@ def test_reconcile_says_what_it_did(env: dict[str, str], tmp_path: Path) -> None
                                              profile="embedded"))
         jobs = [j for j in rt.records.list_jobs() if j.trigger == "reconcile"]
         assert [j.state for j in jobs] == ["done"], jobs
+
+
+def source_id(env: dict[str, str], tmp_path: Path, context: str) -> str:
+    import json
+
+    p = run(["source", "list", "--json"], env, tmp_path)
+    assert p.returncode == 0, p.stderr
+    return next(s["id"] for s in json.loads(p.stdout) if s["context_id"] == context)
+
+
+def test_search_options_notices_and_an_empty_scope_speak_cli(env: dict[str, str], tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "proj", {"a.py": "def retry_helper():\n    return 1\n",
+                                        "b.py": "def other():\n    return retry_helper()\n"})
+    p = run(["index", str(repo)], env, tmp_path)
+    assert p.returncode == 0, p.stderr
+    # not a terminal: plain progress lines, no escape codes
+    assert "reading files: 2/2" in p.stderr and "\x1b" not in p.stderr + p.stdout, p.stderr
+
+    p = run(["search", "retry_helper", "--context", "nope"], env, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "context nope does not exist for agent local (its contexts: proj)" in p.stdout, p.stdout
+    p = run(["search", "retry_helper", "--agent", "nobody"], env, tmp_path)
+    assert "agent nobody has no sources" in p.stdout, p.stdout
+
+    # the same action and renderer as REST format=text / MCP: one result per file, packed into the budget
+    p = run(["search", "retry_helper", "--group-by", "file", "--max-tokens", "3000"], env, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "one result per file" in p.stdout and "<<<chunk-" in p.stdout, p.stdout
+    heads = [ln for ln in p.stdout.splitlines() if ln.startswith("[")]
+    assert len({h.split(":")[0] for h in heads}) == len(heads) == 2, p.stdout  # a.py and b.py, once each
+    p = run(["search", "retry_helper", "--max-tokens", "100"], env, tmp_path)
+    assert p.returncode == 0 and ("[1] " in p.stdout or "max_tokens of at least" in p.stdout), p.stdout
+
+    # a notice names the flag to change, not the REST field
+    p = run(["search", "retry_helper", "--mode", "exact", "--max-results", "1"], env, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "--max-results" in p.stderr and "max_results" not in p.stderr.replace("--max-results", ""), p.stderr
+
+    for args, flag in ((["--max-tokens", "5"], "--max-tokens"), (["--context", " bad"], "--context"),
+                       (["--agent", "bad agent "], "--agent")):
+        p = run(["search", "retry_helper", *args], env, tmp_path)
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("embeddings:")]
+        assert p.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and flag in lines[0], \
+            (args, p.stderr)
+
+
+def test_status_line_names_the_store_in_its_own_words(env: dict[str, str], tmp_path: Path) -> None:
+    p = run(["status"], env, tmp_path)
+    assert p.returncode == 0, p.stderr
+    line = p.stdout.splitlines()[0]
+    if is_distributed(env):
+        assert line.startswith("search store: opensearch ") and "data node(s)" in line, line
+    else:
+        assert line.startswith("search store: SQLite file ") and "shard" not in line and "node" not in line, line
+
+
+def test_eval_history_of_a_one_commit_repository_says_why_it_is_empty(env: dict[str, str], tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "one", {"a.py": "def retry_helper():\n    return 1\n"})
+    assert run(["index", str(repo)], env, tmp_path).returncode == 0
+    p = run(["eval", source_id(env, tmp_path, "one"), "--set", "history"], env, tmp_path, timeout=300)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("embeddings:")]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr
+    assert "history set: the ref has 1 commit(s) and none with one parent" in lines[0], lines
+
+
+def test_embedded_up_starts_without_misleading_warnings(tmp_path: Path) -> None:
+    """``scopekb up`` (embedded only): no Celery superuser warning (its broker is this process's memory), no Redis
+    visibility-timeout or eviction warning (there is no Redis), no kombu "No hostname was supplied"."""
+    import os
+    import signal
+    import socket
+    import time
+
+    from .test_cli_errors import CLI
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "up.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen([*CLI, "up", "--port", str(port)], env=base_env(tmp_path), cwd=tmp_path, stdout=f,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while "[queues]" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(2)  # the worker's startup checks run before its banner; give stragglers a moment
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = log.read_text()
+    assert "[queues]" in out, out
+    for bad in ("WARNING", "superuser", "worker_startup_check", "broker visibility_timeout", "No hostname",
+                "maxmemory", "Traceback"):
+        assert bad not in out, (bad, out)

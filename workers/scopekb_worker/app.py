@@ -121,15 +121,23 @@ def effective_limits(s: Settings, conf: Any) -> dict[str, Any]:
             "reject_on_worker_lost": conf.task_reject_on_worker_lost, "max_retries": s.worker.max_retries,
             "retry_backoff_s": [RETRY_BASE_S, RETRY_MAX_S], "lock_ttl_s": LOCK_TTL_S,
             "file_attempts_limit": FILE_ATTEMPTS_LIMIT, "reconcile_interval_s": s.worker.reconcile_interval_s,
-            "heartbeat_s": s.worker.heartbeat_s if str(conf.broker_url or "").startswith("redis") else 0}
+            "heartbeat_s": s.worker.heartbeat_s if str(conf.broker_url or "").startswith("redis") else 0,
+            "broker": str(conf.broker_url or "").partition("://")[0] or "?"}
 
 
 def startup_problems(limits: dict[str, Any], coord: Coordination) -> list[str]:
-    """What is unsafe in the worker's limits or the broker, each as one sentence naming the fix."""
+    """What is unsafe in the worker's limits or the broker, each as one sentence naming the fix.
+
+    The visibility timeout and the eviction policy are Redis's: a broker of another kind (the embedded profile's
+    in-process ``memory`` broker, whose messages live and die with the process) is not asked about them, so
+    ``scopekb up`` does not warn about a redelivery that cannot happen (README newcomer run)."""
     out: list[str] = []
     soft, hard, vis = limits["soft_time_limit_s"], limits["time_limit_s"], limits["visibility_timeout_s"]
+    redis_broker = limits.get("broker", "redis") in ("redis", "rediss", "unix")
     if not soft or not hard:
         out.append("task soft/hard time limits are not set: a stuck sync would hold its worker forever")
+    elif not redis_broker:
+        pass
     elif not vis:
         out.append("broker visibility_timeout is not set")
     elif limits["heartbeat_s"] and vis < 3 * limits["heartbeat_s"]:
@@ -142,6 +150,8 @@ def startup_problems(limits: dict[str, Any], coord: Coordination) -> list[str]:
         out.append("result_expires is not set: task results accumulate in Redis")
     if not limits["max_tasks_per_child"]:
         out.append("worker_max_tasks_per_child is not set: a leak in a pool process is never reclaimed")
+    if not redis_broker:
+        return out
     try:
         policy, maxmemory = coord.eviction_policy()
     except Transient as e:

@@ -145,9 +145,10 @@ class SqliteChunkStore:
         return None
 
     def cluster_health(self) -> dict[str, Any]:
-        """One local file: always one green "node" (the same shape as OpenSearch's, for ``scopekb status``)."""
+        """One local file: always one green "node" (the same shape as OpenSearch's, for ``GET /v1/status``), and
+        ``summary``: the line ``scopekb status`` prints (``SQLite file <path> (embedded profile)``)."""
         return {"store": "sqlite", "status": "green", "nodes": 1, "data_nodes": 1, "unassigned_shards": 0,
-                "problem": None}
+                "problem": None, "summary": f"SQLite file {self.path} (embedded profile), readable"}
 
     def check_placement(self) -> dict[str, Any]:
         """One SQLite file holds everything: nothing to place (the same call as OpenSearch's for ``init``)."""
