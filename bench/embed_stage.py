@@ -114,22 +114,35 @@ def _wait(records: Any, job_id: str, done: Any, timeout: float = 1800) -> Any:
 
 
 def _index_bytes(client: Any, alias: str, bare: Path) -> dict[str, Any]:
-    """Primary store bytes of the chunk index (after a refresh and a merge of deleted documents: the partial
-    updates of the embedding stage leave deleted copies) ÷ text bytes of the indexed tree, and the knn_vector
-    field's share of the stored ``_source`` estimated from one document (JSON floats of the vector)."""
+    """Primary store bytes of the chunk index ÷ text bytes of the indexed tree, after a merge to one segment with
+    the deleted copies the embedding stage's partial updates leave gone: OpenSearch keeps soft-deleted copies
+    until the shard's retention lease moves past them (synced every 30 s), so the merge is repeated for up to
+    90 s until no deleted document is left, and flushed so the files of the merged-away segments are gone. Also the vector's share of one chunk's ``_source`` as read back (with
+    derived source, mapping version 6, the stored ``_source`` has no vector: the read puts it back)."""
     from scopekb_bench import corpus
 
-    client.indices.refresh(index=alias)
-    client.indices.forcemerge(index=alias, params={"only_expunge_deletes": "true", "request_timeout": 600})
-    stats = client.indices.stats(index=alias, metric="store,docs")["_all"]["primaries"]
+    deadline = time.monotonic() + 90
+    while True:
+        client.indices.refresh(index=alias)
+        client.indices.forcemerge(index=alias, params={"max_num_segments": 1, "request_timeout": 600})
+        client.indices.refresh(index=alias)
+        client.indices.flush(index=alias, params={"force": "true"})  # the merged-away segments' files go
+        stats = client.indices.stats(index=alias, metric="store,docs,segments")["_all"]["primaries"]
+        if not stats["docs"]["deleted"] or time.monotonic() > deadline:
+            break
+        time.sleep(5)
     _, _, text = corpus.tree_text_bytes(bare, "main")
     hit = client.search(index=alias, body={"size": 1, "query": {"exists": {"field": "embedding"}}})["hits"]["hits"]
     src = hit[0]["_source"] if hit else {}
     vec_json = len(json.dumps(src.get("embedding", []))) if src else 0
+    live = client.indices.get_alias(name=alias)
+    settings = client.indices.get_settings(index=next(iter(live)))
+    derived = next(iter(settings.values()))["settings"]["index"].get("knn.derived_source", {}).get("enabled")
     return {"index_bytes": stats["store"]["size_in_bytes"], "source_text_bytes": text,
             "index_over_source": round(stats["store"]["size_in_bytes"] / max(1, text), 2),
-            "docs": stats["docs"]["count"], "source_json_bytes_one_doc": len(json.dumps(src)),
-            "vector_json_bytes_one_doc": vec_json}
+            "docs": stats["docs"]["count"], "docs_deleted": stats["docs"]["deleted"],
+            "segments": stats["segments"]["count"], "derived_source": derived,
+            "source_json_bytes_one_doc": len(json.dumps(src)), "vector_json_bytes_one_doc": vec_json}
 
 
 def run_case(case: str, endpoints: dict[str, str], bare: Path, work: Path, stub_url: str) -> dict[str, Any]:
@@ -150,7 +163,8 @@ def run_case(case: str, endpoints: dict[str, str], bare: Path, work: Path, stub_
         model = {"SCOPEKB_EMBEDDING__PROVIDER": "openai", "SCOPEKB_EMBEDDING__BASE_URL": stub_url,
                  "SCOPEKB_EMBEDDING__API_KEY": "sk-bench", "SCOPEKB_EMBEDDING__MODEL": "hash384"}
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SCOPEKB_", "OPENAI_"))}
-    env = {**base, **endpoints, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "SCOPEKB_PROFILE": "distributed",
+    env = {**base, **endpoints, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+           "HF_HUB_OFFLINE": "1", "SCOPEKB_PROFILE": "distributed",
            "SCOPEKB_OPENSEARCH__ALIAS": f"{prefix}-chunks", "SCOPEKB_OPENSEARCH__SYSTEM_PREFIX": f"{prefix}-sys",
            "SCOPEKB_S3__BUCKET": prefix, "SCOPEKB_WORKER__QUEUE": f"{prefix}-sync",
            "SCOPEKB_WORKER__EMBED_QUEUE": "" if case == "inline" else f"{prefix}-embed",

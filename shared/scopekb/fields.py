@@ -47,7 +47,10 @@ DEF_KINDS = "def_kinds"
 #: Bumped whenever the mapping or analyzers change; part of the concrete index name behind the alias.
 #: 4: ``content.wc`` (wildcard), ``defs``/``def_names``/``def_paths``/``def_kinds``, ``metadata`` as ``flat_object``.
 #: 5: vectors back in ``_source`` (4 left them out, and a membership update dropped them).
-MAPPING_VERSION = 5
+#: 6: vectors out of the stored ``_source`` again, through the k-NN plugin's derived source (issue 19): the stored
+#: ``_source`` has no vector, and every read of it (get, search, update, update_by_query) gets the vector back from
+#: the vector values, so membership updates keep it.
+MAPPING_VERSION = 6
 
 #: BM25 field boosts in the order symbol, signature, content, path (the Turso seed weights name 5.0 and signature
 #: 3.0 over content). A context may use others chosen on its own evaluation set (``scopekb eval --tune``,
@@ -116,11 +119,15 @@ def chunk_mapping(dimension: int | None, model: str | None = None, encoder: str 
     """Return the chunk index mapping; ``dimension`` None means keyword-only (no ``embedding`` field).
 
     Vectors use the ``lucene`` engine (hnsw, cosinesimil): the k-NN plugin here has no native libraries and its
-    default engine would end the node (DESIGN §8). Vectors stay in ``_source``: ref membership (issue #23) changes
-    chunks with partial updates and ``update_by_query``, which re-index each document from its ``_source``, so a
-    vector excluded from ``_source`` is silently dropped by the first membership change (measured on OpenSearch
-    2.19: the chunk no longer answers kNN). A reindex still takes vectors from the embedding cache
-    (:mod:`scopekb.reindex`), never from ``_source``. ``encoder`` ``sq``: Lucene's scalar quantization
+    default engine would end the node (DESIGN §8). Vectors are not stored in ``_source``: the index has the k-NN
+    plugin's derived source on (:func:`chunk_index_settings`), which leaves the vector out of the stored
+    ``_source`` and puts it back from the vector values whenever the source is read. That matters because ref
+    membership (issue #23) and the embedding stage change chunks with partial updates and ``update_by_query``, which
+    re-index each document from its ``_source``: with a plain ``_source.excludes`` the first membership change
+    silently drops the vector (measured on OpenSearch 2.19 with mapping version 4: the chunk no longer answers
+    kNN), with derived source it survives (``tests/integration/test_vectors_source.py``). The vector as JSON
+    floats was 86% of a chunk's stored ``_source`` (issue 19). A reindex still takes vectors from the embedding
+    cache (:mod:`scopekb.reindex`), never from ``_source``. ``encoder`` ``sq``: Lucene's scalar quantization
     (int8 per dimension, OpenSearch ≥ 2.16) of the stored vectors the graph is built and searched on.
     ``_meta`` records ``model`` and ``encoder`` so a process configured for other vectors refuses the index.
     """
@@ -260,10 +267,13 @@ def flatten_metadata(meta: dict[str, Any], prefix: str = "") -> list[tuple[str, 
 
 
 def chunk_index_settings(shards: int, replicas: int, knn: bool) -> dict[str, Any]:
-    """Index settings for a chunk index: shards/replicas, ``index.knn`` when vectors are stored, analyzers."""
+    """Index settings for a chunk index: shards/replicas, analyzers, and when vectors are stored ``index.knn`` with
+    ``index.knn.derived_source.enabled`` (k-NN plugin ≥ 2.19, a static setting: vectors kept out of the stored
+    ``_source`` and derived from the vector values on every read; see :func:`chunk_mapping`)."""
     s: dict[str, Any] = {"number_of_shards": shards, "number_of_replicas": replicas, "analysis": _ANALYSIS}
     if knn:
         s["knn"] = True
+        s["knn.derived_source.enabled"] = True
     return {"index": s}
 
 

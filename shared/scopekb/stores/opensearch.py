@@ -605,8 +605,9 @@ class OpenSearchChunkStore:
         return report
 
     def set_vectors(self, vectors_by_id: dict[str, tuple[Sequence[float], str]], model: str) -> BulkReport:
-        """:meth:`ChunkStore.set_vectors` as partial updates (vectors stay in ``_source``, mapping version 5, so a
-        later membership update keeps them). A 404 (the chunk is gone) is skipped."""
+        """:meth:`ChunkStore.set_vectors` as partial updates (the stored ``_source`` keeps no vector, mapping version
+        6, but derived source gives it back to every later partial update or update_by_query, so a membership
+        change keeps it). A 404 (the chunk is gone) is skipped."""
         report = BulkReport()
         actions = ({"_op_type": "update", "_index": self.alias, "_id": i,
                     "doc": {F.EMBEDDING: [float(x) for x in vec], F.EMBEDDING_MODEL: model, F.BLOB_SHA: blob}}
