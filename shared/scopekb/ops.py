@@ -27,8 +27,8 @@ from scopekb.coordination import keys
 from scopekb.errors import NotFound, Refused, Transient
 from scopekb.gitrepo import Mirror, mirror_path
 from scopekb.logging import get_logger
-from scopekb.models import DeadLetter, Job, JobState, KeyCreate, Source, SourceCreate, utcnow
-from scopekb.queue import TASK_SYNC_SOURCES
+from scopekb.models import DeadLetter, Job, JobStage, JobState, KeyCreate, Source, SourceCreate, utcnow
+from scopekb.queue import TASK_SYNC_SOURCES, embed_task_id
 from scopekb.refs import pin_ref_state, ref_states
 from scopekb.runtime import ControlRuntime, Runtime
 from scopekb.search import forget_pinned
@@ -298,6 +298,21 @@ def _waiting_jobs(rt: ControlRuntime, grace_s: float, known: set[str]) -> dict[s
     return out
 
 
+def _broker_task_ids(rt: ControlRuntime, job_id: str, job: Job) -> dict[str, int | None]:
+    """The task ids whose messages keep ``job`` going, each with its embedding part number (None: the sync task):
+    the sync task's own, or for a job in its embedding stage (issue 19; its sync task has ended and acknowledged its
+    message) one per part not yet recorded done. Empty: every part is done but the job was never settled."""
+    if job.state == JobState.running and job.stage == JobStage.embedding and job.embed_run:
+        done = {int(r.get("part", -1)) for r in rt.coord.embed_parts_done(job_id, job.embed_run)}
+        return {embed_task_id(job_id, job.embed_run, p): p for p in range(job.embed_parts) if p not in done}
+    return {job_id: None}
+
+
+def _unheld(probes: dict[str, int | None], in_broker: set[str]) -> set[str] | None:
+    """The probed task ids the broker does not hold; None when nothing was probed (a settled-never stage)."""
+    return {t for t in probes if t not in in_broker} if probes else None
+
+
 def settle_lost_jobs(rt: ControlRuntime, grace_s: float | None = None,
                      confirm_s: float = LOST_CONFIRM_S) -> LostJobs:
     """Settle queued jobs whose task message the broker lost (issue 24), so none stays ``queued`` until its marker
@@ -313,6 +328,11 @@ def settle_lost_jobs(rt: ControlRuntime, grace_s: float | None = None,
     ``LOST_REQUEUES`` re-enqueues is recorded ``failed`` with the reason. A wrong guess costs at most one
     duplicate sync (tasks are idempotent and serialised by the repository lock).
 
+    A job in its embedding stage (issue 19) is looked for by its parts instead: it is lost when a part not yet
+    done has no message in the broker at both looks (or every part is done and the job was never settled). Its
+    sync is enqueued again the same way: the re-run writes the chunks still without vectors again (their blob id
+    is only set with the vector) and sends their parts anew; parts of the old run still queued change nothing.
+
     The embedded profile has no broker to lose a message from (tasks run in the process that also holds the
     markers): nothing is settled there.
 
@@ -325,23 +345,45 @@ def settle_lost_jobs(rt: ControlRuntime, grace_s: float | None = None,
     grace = rt.settings.worker.lost_message_grace_s if grace_s is None else grace_s
     known = {s.id for s in rt.records.list_sources()}
     first = _waiting_jobs(rt, grace, known)
-    in_broker = held(first) if first else None
-    if in_broker is None or not set(first) - in_broker:
+    probes = {j: _broker_task_ids(rt, j, job) for j, (job, _) in first.items()}
+    in_broker = held({t for p in probes.values() for t in p}) if first else None
+    if in_broker is None:
+        return LostJobs()
+    unheld = {j: _unheld(p, in_broker) for j, p in probes.items()}
+    if not any(u is None or u for u in unheld.values()):
         return LostJobs()
     time.sleep(confirm_s)
     again = _waiting_jobs(rt, grace, known)
-    suspects = {j: again[j] for j in set(first) - in_broker if j in again}
-    lost = sorted(set(suspects) - (held(suspects) or set())) if suspects else []
+    suspects = {j: again[j] for j, u in unheld.items() if (u is None or u) and j in again}
+    probes2 = {j: _broker_task_ids(rt, j, job) for j, (job, _) in suspects.items()}
+    in_broker2 = held({t for p in probes2.values() for t in p}) if suspects else set()
+    lost_parts: dict[str, list[int]] = {}
+    for j, p in probes2.items():
+        u = _unheld(p, in_broker2 or set())
+        first_unheld = unheld[j]
+        if u is None:
+            lost_parts[j] = []
+        elif (gone := u if first_unheld is None else u & first_unheld):
+            lost_parts[j] = sorted(part for t, part in p.items() if t in gone and part is not None)
+    lost = sorted(lost_parts)
     out = LostJobs()
     for job_id in lost:
         job, kwargs = suspects[job_id]
-        why = ("task ended without settling its running job (no message in any queue, held by no worker)"
-               if job.state == JobState.running else "task message lost by the broker (in no queue, held by no worker)")
+        parts = lost_parts[job_id]
+        if job.state == JobState.running and job.stage == JobStage.embedding:
+            why = (f"embedding part{'s' if len(parts) > 1 else ''} {', '.join(str(p) for p in parts)} of "
+                   f"{job.embed_parts} lost by the broker (in no queue, held by no worker)" if parts else
+                   "embedding stage ended without settling its job (every part done)")
+        elif job.state == JobState.running:
+            why = "task ended without settling its running job (no message in any queue, held by no worker)"
+        else:
+            why = "task message lost by the broker (in no queue, held by no worker)"
         times = job.retries.get("requeued", 0)
         if times < LOST_REQUEUES and kwargs:
             job.retries["requeued"] = times + 1
             job.errors.append(f"{why}: enqueued again by the reconcile")
-            again_job = job.model_copy(update={"created_at": utcnow(), "state": JobState.queued})
+            again_job = job.model_copy(update={"created_at": utcnow(), "state": JobState.queued,
+                                               **({"stage": None} if job.stage == JobStage.embedding else {})})
             if job.state == JobState.running:  # the record must not say running while the job waits in the queue
                 rt.records.put_job(again_job.model_copy(update={"created_at": job.created_at}))
             _enqueue(rt, again_job, kwargs)

@@ -24,6 +24,12 @@ TASK_RECONCILE = "scopekb.reconcile"
 TASK_EMBED_CHUNKS = "scopekb.embed_chunks"
 
 
+def embed_task_id(job_id: str, run: str, part: int) -> str:
+    """Task id of part ``part`` of sync run ``run``'s embedding stage: ``embed-<job>-<run>-<part>`` (the sink sends
+    it, the reconcile looks for it in the broker)."""
+    return f"embed-{job_id}-{run}-{part}"
+
+
 def make_celery(settings: Settings, name: str, broker: str, backend: str) -> Celery:
     """A Celery app on ``broker`` with at-least-once delivery (DESIGN §11).
 

@@ -150,10 +150,10 @@ class QueuedEmbedSink:
 
     def send(self, job_id: str, run: str, part: int, items: list[list[str]]) -> None:
         """Enqueue one part. Raises :class:`Transient` when the broker does not take it."""
-        from scopekb.queue import TASK_EMBED_CHUNKS
+        from scopekb.queue import TASK_EMBED_CHUNKS, embed_task_id
 
         try:
-            self.tasks.app.send_task(TASK_EMBED_CHUNKS, task_id=f"embed-{job_id}-{run}-{part}",
+            self.tasks.app.send_task(TASK_EMBED_CHUNKS, task_id=embed_task_id(job_id, run, part),
                                      kwargs={"job_id": job_id, "run": run, "part": part, "items": items},
                                      queue=self.settings.worker.embed_queue)
         except Exception as e:  # kombu/redis errors: the broker is unavailable; the sync task retries
