@@ -117,8 +117,9 @@ def _index_bytes(client: Any, alias: str, bare: Path) -> dict[str, Any]:
     """Primary store bytes of the chunk index ÷ text bytes of the indexed tree, after a merge to one segment with
     the deleted copies the embedding stage's partial updates leave gone: OpenSearch keeps soft-deleted copies
     until the shard's retention lease moves past them (synced every 30 s), so the merge is repeated for up to
-    90 s until no deleted document is left, and flushed so the files of the merged-away segments are gone. Also the vector's share of one chunk's ``_source`` as read back (with
-    derived source, mapping version 6, the stored ``_source`` has no vector: the read puts it back)."""
+    90 s until no deleted document is left, and flushed so the files of the merged-away segments are gone. Also
+    the vector's share of one chunk's ``_source`` as read back (with derived source, mapping version 6, the
+    stored ``_source`` has no vector: the read puts it back)."""
     from scopekb_bench import corpus
 
     deadline = time.monotonic() + 90
@@ -163,7 +164,8 @@ def run_case(case: str, endpoints: dict[str, str], bare: Path, work: Path, stub_
         model = {"SCOPEKB_EMBEDDING__PROVIDER": "openai", "SCOPEKB_EMBEDDING__BASE_URL": stub_url,
                  "SCOPEKB_EMBEDDING__API_KEY": "sk-bench", "SCOPEKB_EMBEDDING__MODEL": "hash384"}
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SCOPEKB_", "OPENAI_"))}
-    env = {**base, **endpoints, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)  # this checkout first
+    env = {**base, **endpoints, "PYTHONPATH": path,
            "HF_HUB_OFFLINE": "1", "SCOPEKB_PROFILE": "distributed",
            "SCOPEKB_OPENSEARCH__ALIAS": f"{prefix}-chunks", "SCOPEKB_OPENSEARCH__SYSTEM_PREFIX": f"{prefix}-sys",
            "SCOPEKB_S3__BUCKET": prefix, "SCOPEKB_WORKER__QUEUE": f"{prefix}-sync",

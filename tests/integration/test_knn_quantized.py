@@ -1,7 +1,8 @@
 """Issue #19: Lucene scalar quantization (``opensearch.knn_encoder = "sq"``) keeps ANN recall@10 >= 0.95 against
 exact cosine search, on a real OpenSearch, and reads of ``_source`` give the vectors back (derived source) for
-both encoders. The ANN side is the store's own ``vector_search`` (scope filter inside the ``knn`` clause, ``ef_search`` 100; with ``sq`` 40
-candidates rescored exactly). Without the rescoring, ``sq`` gave 0.89-0.96 on such vectors."""
+both encoders. The ANN side is the store's own ``vector_search`` (scope filter inside the ``knn`` clause,
+``ef_search`` 100; with ``sq`` 40 candidates rescored exactly). Without the rescoring, ``sq`` gave 0.89-0.96 on
+such vectors."""
 
 from __future__ import annotations
 
