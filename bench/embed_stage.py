@@ -17,7 +17,8 @@ at the end) with real ``scopekb worker`` processes:
 - per case, index bytes ÷ text bytes of the tree once the job is done (the index with vectors, for the local
   model's cases).
 
-Prints one JSON object; ratios are within this run.
+Prints one JSON object; ratios are within this run. ``bench/run`` runs it as its ``embedstage`` phase (full profile
+only: about ten minutes here; :func:`measure`).
 
     .venv/bin/python bench/embed_stage.py [--package click --versions 8.1.0] [--cases local1,local2,stub1,stub2,inline]
 """
@@ -224,30 +225,29 @@ def run_case(case: str, endpoints: dict[str, str], bare: Path, work: Path, stub_
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--package", default="click")
-    ap.add_argument("--versions", default="8.1.0")
-    ap.add_argument("--prefer", default="src/click/")
-    ap.add_argument("--cases", default="inline,stub1,stub2,local1,local2")
-    args = ap.parse_args()
-
+def measure(package: str, versions: list[str], prefer: str, cases: list[str],
+            endpoints: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``cases`` on one release repository of ``package`` (see the module docstring); ``endpoints``: the
+    services' environment (None: :func:`scopekb_bench.services.services` finds or starts them). Returns
+    ``{"package", "versions", "cases": {case: figures}, "ratios", "load_avg_start", "load_avg_end"}``."""
     from scopekb_bench import corpus
     from scopekb_bench.services import services
 
     from tests.openai_stub import OpenAIStub
 
-    built = corpus.release_repo(args.package, args.versions.split(","), args.prefer)
-    results: dict[str, Any] = {"package": args.package, "versions": built.versions,
+    built = corpus.release_repo(package, versions, prefer)
+    results: dict[str, Any] = {"package": package, "versions": built.versions,
                                "load_avg_start": os.getloadavg()[0], "cases": {}}
-    with tempfile.TemporaryDirectory(prefix="scopekb-embstage-") as tmp, services() as endpoints, \
-            OpenAIStub(_hash_vectors, api_key="sk-bench") as stub:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="scopekb-embstage-"))
+        env = endpoints if endpoints is not None else stack.enter_context(services())
+        stub = stack.enter_context(OpenAIStub(_hash_vectors, api_key="sk-bench"))
         work = Path(tmp)
         bare = built.clone_bare(work / "repo.git")
         subprocess.run(["git", "--git-dir", str(bare), "update-ref", "refs/heads/main", built.releases[-1]],
                        check=True)
-        for case in args.cases.split(","):
-            results["cases"][case] = run_case(case, endpoints, bare, work, stub.base_url)
+        for case in cases:
+            results["cases"][case] = run_case(case, env, bare, work, stub.base_url)
     c = results["cases"]
     ratios: dict[str, Any] = {}
     if "local1" in c and "local2" in c:
@@ -262,6 +262,17 @@ def main() -> int:
                                                     / c["inline"]["sync_worker_peak_rss_mib"], 3)
     results["ratios"] = ratios
     results["load_avg_end"] = os.getloadavg()[0]
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--package", default="click")
+    ap.add_argument("--versions", default="8.1.0")
+    ap.add_argument("--prefer", default="src/click/")
+    ap.add_argument("--cases", default="inline,stub1,stub2,local1,local2")
+    args = ap.parse_args()
+    results = measure(args.package, args.versions.split(","), args.prefer, args.cases.split(","))
     print(json.dumps(results, indent=2))
     return 0
 

@@ -71,7 +71,7 @@ from scopekb_bench.util import REPO, Metric, Results, log, machine_info, summary
 RESULTS_DIR = REPO / "bench" / "results"
 PUBLISH_DIR = REPO / "bench" / "report"
 DOC = REPO / "docs" / "benchmarks.md"
-ALL_PHASES = ("gitread", "keyword", "embedded", "model", "embedder", "sets", "refs")
+ALL_PHASES = ("gitread", "keyword", "embedded", "model", "embedder", "embedstage", "sets", "refs")
 
 
 class _Terminated(Exception):
@@ -634,7 +634,44 @@ def run(c: Ctx, phases: tuple[str, ...]) -> None:
     if "embedder" in phases:
         with phase(c.res, "embedder"):
             _embedder(c)
+    if "embedstage" in phases:
+        if c.profile.name == "quick":
+            log("phase embedding stage skipped in --quick (about ten minutes of real worker processes)")
+        else:
+            with phase(c.res, "embedding stage"):
+                _embed_stage(c)
     _model_ingest_vs_encode(c)
+
+
+def _embed_stage(c: Ctx) -> None:
+    """Embedding as its own stage (issue 19; ``bench/embed_stage.py`` on itsdangerous 2.1.2): 1 vs 2 embedding worker
+    processes with the local model and with the stub OpenAI-compatible server, the sync worker's peak RSS when
+    embedding runs elsewhere, and index bytes ÷ source bytes with vectors (mapping version 6: not in _source)."""
+    import embed_stage
+
+    r = embed_stage.measure("itsdangerous", ["2.1.2"], "src/itsdangerous/",
+                            ["inline", "stub1", "stub2", "local1", "local2"], c.endpoints)
+    k = r["cases"]
+    c.res.series["embed_stage"] = r
+    note = f"itsdangerous 2.1.2, load {r['load_avg_start']:.1f} → {r['load_avg_end']:.1f}"
+    for kind in ("local", "stub"):
+        one, two = k[f"{kind}1"], k[f"{kind}2"]
+        c.res.add("embedder", f"embedstage.{kind}_2_vs_1_workers",
+                  f"embedding stage, {'local model' if kind == 'local' else 'stub OpenAI-compatible server'}: "
+                  "chunks/s with 2 embedding workers", two["embed_chunks_per_s"], one["embed_chunks_per_s"],
+                  "chunks/s", "1 embedding worker", note=f"{note}; {one['chunks']} chunks, {one['embed_parts']} parts")
+    c.res.add("embedder", "embedstage.stub_vs_local_one_worker",
+              "embedding stage, one worker: chunks/s with the model elsewhere (stub server)",
+              k["stub1"]["embed_chunks_per_s"], k["local1"]["embed_chunks_per_s"], "chunks/s",
+              "the local model in the worker", note=note)
+    c.res.add("cost", "embedstage.sync_worker_peak_rss",
+              "sync worker peak RSS when embedding runs elsewhere", k["local1"]["sync_worker_peak_rss_mib"], 600,
+              "MiB", "the issue's 600 MiB bound", better="lower", target="≤ 1.0",
+              note=f"inline worker (model in the sync worker) {k['inline']['sync_worker_peak_rss_mib']} MiB")
+    c.res.add("cost", "embedstage.index_over_source", "index bytes ÷ source bytes with vectors (embedding stage)",
+              k["local1"]["index_bytes"], k["local1"]["source_text_bytes"], "bytes", "bytes of the text files indexed",
+              better="lower", target="≤ 8",
+              note=f"{k['local1']['docs']} chunks, one merged segment, derived source {k['local1']['derived_source']}")
 
 
 def _model_ingest_vs_encode(c: Ctx) -> None:
