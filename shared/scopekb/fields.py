@@ -50,7 +50,10 @@ DEF_KINDS = "def_kinds"
 #: 6: vectors out of the stored ``_source`` again, through the k-NN plugin's derived source (issue 19): the stored
 #: ``_source`` has no vector, and every read of it (get, search, update, update_by_query) gets the vector back from
 #: the vector values, so membership updates keep it.
-MAPPING_VERSION = 6
+#: 7: no doc values for the vector (``doc_values: false``): the k-NN plugin kept a second float32 copy of every vector
+#: there, as large as the vector file itself; kNN, the ``knn_score`` rescoring of ``sq`` and derived source read the
+#: vector values (issue 19).
+MAPPING_VERSION = 7
 
 #: BM25 field boosts in the order symbol, signature, content, path (the Turso seed weights name 5.0 and signature
 #: 3.0 over content). A context may use others chosen on its own evaluation set (``scopekb eval --tune``,
@@ -167,6 +170,9 @@ def chunk_mapping(dimension: int | None, model: str | None = None, encoder: str 
         props[EMBEDDING] = {
             "type": "knn_vector",
             "dimension": dimension,
+            # the plugin's binary doc values would hold a second float32 copy of each vector (1,536 bytes a chunk
+            # at 384 dimensions); kNN, knn_score and derived source read Lucene's vector values instead
+            "doc_values": False,
             "method": {"name": "hnsw", "engine": "lucene", "space_type": "cosinesimil",
                        "parameters": {"m": 16, "ef_construction": 128,
                                       **({"encoder": {"name": "sq"}} if encoder == "sq" else {})}},

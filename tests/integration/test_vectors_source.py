@@ -1,9 +1,9 @@
 """Issue #19: vectors are kept out of the stored ``_source`` of the chunk index (k-NN derived source, mapping
-version 6) and still survive every way chunks are changed after they are written, on a real OpenSearch:
-partial updates of ``refs`` (``set_refs``), ``update_by_query`` membership changes (``copy_ref``/``remove_ref``),
-the embedding stage's ``set_vectors``, and a ``scopekb reindex`` (which takes vectors from the embedding cache,
-never from ``_source``). A chunk whose vector had been dropped would no longer come back from kNN, and its
-``_source`` would have no vector to give back."""
+version 6) and out of doc values (version 7), and still survive every way chunks are changed after they are
+written, on a real OpenSearch: partial updates of ``refs`` (``set_refs``), ``update_by_query`` membership changes
+(``copy_ref``/``remove_ref``), the embedding stage's ``set_vectors``, and a ``scopekb reindex`` (which takes
+vectors from the embedding cache, never from ``_source``). A chunk whose vector had been dropped would no longer
+come back from kNN, and its ``_source`` would have no vector to give back."""
 
 from __future__ import annotations
 
@@ -99,6 +99,9 @@ def test_vectors_out_of_stored_source_survive_updates_and_reindex(opensearch_url
         index = store.ensure_index()
         settings = client.indices.get_settings(index=index)[index]["settings"]["index"]
         assert settings["knn.derived_source"]["enabled"] == "true"
+        # no second float32 copy of each vector in doc values (mapping version 7)
+        assert client.indices.get_mapping(index=index)[index]["mappings"]["properties"][F.EMBEDDING][
+            "doc_values"] is False
         # two thirds written with vectors, one third without (the embedding stage adds theirs later)
         first = {f"c{i}": emb._vec(f"text {i}") for i in range(N)}
         docs = [_doc(i, first[f"c{i}"] if i % 3 else None) for i in range(N)]
