@@ -4,8 +4,9 @@ A hypothesis property test drives random histories of a bare repository: commits
 tags, force pushes (a branch moved to another branch's tip) and branch deletions, with syncs in between, of one
 source tracking ``["main", "b*", "v*"]``. After every sync, for every ref git has:
 
-- the chunks the index holds for that ref (path, lines, content) are exactly what chunking the ref's tree gives
-  (what a fresh single-ref index of it holds: the same chunker on the same blobs);
+- the chunks the index holds for that ref (path, lines, content), and the hits of the product's search with that
+  ``ref``, are exactly those of a fresh single-ref index of the ref's commit built by the product (a new source
+  tracking one branch at that commit), which itself holds what chunking the tree gives;
 - the source's chunk documents are the distinct (path, lines, chunk identity) over all its refs - no copies;
 - ``read`` returns byte-exact lines of git's blob for every chunk of every ref;
 - the embedder never saw the same text twice (embeddings once per distinct content, through the cache);
@@ -35,10 +36,11 @@ from scopekb.embedding.base import EmbedResult
 from scopekb.embedding.cache import SQLiteEmbeddingCache
 from scopekb.filetypes import decode_text, language_for
 from scopekb.indexing import SyncDeps, run_sync
-from scopekb.models import ReadRequest, Source
+from scopekb.models import ReadRequest, SearchRequest, Source
 from scopekb.reading import read_lines, result_bytes, split_lines
 from scopekb.refs import RefIndex, put_ref_state, ref_states
-from scopekb.settings import Settings
+from scopekb.search import run_search
+from scopekb.settings import QuerySettings, Settings
 from scopekb.status import source_status
 from scopekb.stores.base import ScopeFilter, SearchFilter
 
@@ -198,7 +200,52 @@ def expected(deps: SyncDeps, files: dict[str, bytes]) -> set[tuple[str, int, int
     return out
 
 
-def check(world: dict[str, Any], hist: History, src: Source, pins: set[str] = frozenset()) -> int:  # type: ignore[assignment]
+#: One keyword query (BM25, any term) that every line of LINES matches, so a search returns every chunk of a ref.
+EVERYTHING = "alpha return beta notes value print gamma pass text line"
+
+Key = tuple[str, int, int, str]
+
+
+def searched(deps: SyncDeps, scope: ScopeFilter, source_id: str, ref: str | None = None) -> dict[Key, list[str]]:
+    """(path, lines, content) -> the hit's ``refs``, for every hit of the product's search of ``ref`` (or of no
+    ref) in one source (at most 50 hits: more than any ref here has chunks)."""
+    # revocation_bound_s=0: a search without ref reads the refs and overlays now, not from a cache up to 1 s old
+    res = run_search(deps.chunks, SearchRequest(query=EVERYTHING, ref=ref, source_id=source_id, max_results=50),
+                     scope, QuerySettings(revocation_bound_s=0), records=deps.records)
+    return {(h.path, h.start_line, h.end_line, h.content): list(h.refs or []) for h in res.hits}
+
+
+def fresh_index(world: dict[str, Any], hist: History, src: Source, commit: str,
+                memo: dict[str, tuple[set[Key], set[Key]]]) -> tuple[set[Key], set[Key]]:
+    """What a fresh single-ref index of ``commit``, built by the product, holds and finds: a new source (own
+    context) tracking one branch ``freshN`` at that commit, synced, read (stored chunks, search hits for
+    :data:`EVERYTHING`), then removed with its branch. Memoised per commit in ``memo`` (one history)."""
+    if commit in memo:
+        return memo[commit]
+    deps: SyncDeps = world["deps"]
+    name = f"fresh{len(memo)}"  # not tracked by the source under test (main, b*, v*)
+    git(hist.path, "update-ref", f"refs/heads/{name}", commit)
+    one = Source(id=Source.new_id(), agent_name=src.agent_name, context_id=uuid.uuid4().hex[:8],
+                 repo_url=src.repo_url, ref=name, webhooks=False)
+    deps.records.put_source(one)
+    seen = len(world["emb"].seen)
+    try:
+        job = run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [one.id], trigger="test")
+        assert job.state.value == "done", job.errors
+        docs = stored(world, one)
+        memo[commit] = ({(d[F.PATH], d[F.START_LINE], d[F.END_LINE], d[F.CONTENT]) for d in docs},
+                        set(searched(deps, ScopeFilter(one.agent_name, (one.context_id,)), one.id)))
+    finally:
+        deps.chunks.delete_source(one.id)
+        deps.records.delete("state", one.id)
+        deps.records.delete("sources", one.id)
+        git(hist.path, "update-ref", "-d", f"refs/heads/{name}")
+        del world["emb"].seen[seen:]  # the fresh index is another scope: its embeddings are not the source's
+    return memo[commit]
+
+
+def check(world: dict[str, Any], hist: History, src: Source, pins: set[str] = frozenset(),  # type: ignore[assignment]
+          memo: dict[str, tuple[set[Key], set[Key]]] | None = None) -> int:
     deps: SyncDeps = world["deps"]
     refs = {r: c for r, c in hist.refs().items() if r.startswith(("main", "b", "v"))}
     refs.update({p: p for p in pins})
@@ -208,7 +255,11 @@ def check(world: dict[str, Any], hist: History, src: Source, pins: set[str] = fr
         files = hist.files(commit)
         docs = stored(world, src, ref)
         got = {(d[F.PATH], d[F.START_LINE], d[F.END_LINE], d[F.CONTENT]) for d in docs}
-        assert got == expected(deps, files), (ref, sorted(got ^ expected(deps, files))[:6])
+        fresh_docs, fresh_hits = fresh_index(world, hist, src, commit, {} if memo is None else memo)
+        assert fresh_docs == expected(deps, files)  # the fresh index itself holds what the chunker gives
+        assert got == fresh_docs, (ref, sorted(got ^ fresh_docs)[:6])
+        hits = searched(deps, scope, src.id, ref)  # the product's search of that ref = the fresh index's
+        assert set(hits) == fresh_hits, (ref, sorted(set(hits) ^ fresh_hits)[:6])
         assert len(docs) == len(got), f"{ref}: two documents for one chunk"
         distinct |= got
         for d in docs:  # read is byte-exact for every chunk of every ref
@@ -263,6 +314,7 @@ def test_every_ref_equals_a_fresh_index_without_copies(world: dict[str, Any], tm
     deps.records.put_source(src)
     most = 0
     pins: set[str] = set()
+    memo: dict[str, tuple[set[Key], set[Key]]] = {}
     for op, a, b in [*ops, ("sync", None, None)]:
         heads = hist.refs()
         if op == "commit" and a in heads:
@@ -289,7 +341,7 @@ def test_every_ref_equals_a_fresh_index_without_copies(world: dict[str, Any], tm
         elif op == "sync":
             job = run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
             assert job.state.value == "done", job.errors
-            most = max(most, check(world, hist, src, pins))
+            most = max(most, check(world, hist, src, pins, memo))
     event(f"most refs at a sync: {most}")
     event(f"pins: {len(pins)}")
     # Every ref deleted and every pin past its TTL: the last sync (and the gc) leaves nothing of the source.
