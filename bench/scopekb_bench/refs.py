@@ -78,7 +78,8 @@ def measure(res: Results, endpoints: dict[str, str], run_id: str, workdir: Path,
     full = run_sync(rt.sync_deps(), f"bench-{run_id}-refs-full", [src.id], trigger="bench")
     t_full = time.perf_counter() - t0
     b_one = store_bytes(rt.opensearch_client, alias)
-    log(f"refs: main of {package} {versions[-1]}: {full.chunks_written} chunks in {t_full:.1f} s, {b_one / 2**20:.1f} MiB")
+    log(f"refs: main of {package} {versions[-1]}: {full.chunks_written} chunks in {t_full:.1f} s, "
+        f"{b_one / 2**20:.1f} MiB")
     files = [p for p in _git(bare, "ls-tree", "-r", "--name-only", head).splitlines()
              if p.startswith(prefer) and p.endswith(".py")][:branches]
     for n, path in enumerate(files):

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from scopekb import fields as F
-from scopekb import filetypes
+from scopekb import filetypes, overlays
 from scopekb.blobs import BlobStore, BlobUploads, LocalBlobStore, blob_key
 from scopekb.chunking import TokenCounter, chunk_document, embedding_text
 from scopekb.documents import (
@@ -57,7 +57,6 @@ from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry, is_sh
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobStage, JobState, Source, utcnow
 from scopekb.patterns import GITATTRIBUTES_LIMITS, usable_globs
-from scopekb import overlays
 from scopekb.refs import MAX_REFS, match_refs, put_ref_state, ref_states
 from scopekb.settings import Settings, git_cache_dir
 from scopekb.stores.base import BulkReport, ChunkStore, RecordStore, answered_problem
@@ -962,8 +961,8 @@ def _link_shared(deps: SyncDeps, job: Job, plans: list[_Plan], writes: dict[tupl
     ids = [cid for todo in writes.values() for _, cid in todo]
     have = deps.chunks.chunk_refs(ids) if ids else {}
     for sid in sorted({sid for sid, _ in writes}):  # overlays based on the ref keep their members (scopekb.overlays)
-        overlays.hide_joining(deps.records, sid, ref or _source_ref(plans, sid),
-                              {cid: have.get(cid, []) for (s, _), todo in writes.items() if s == sid for _, cid in todo})
+        joining = {cid: have.get(cid, []) for (s, _), todo in writes.items() if s == sid for _, cid in todo}
+        overlays.hide_joining(deps.records, sid, ref or _source_ref(plans, sid), joining)
     if not have:
         return {}
     rewrite = {(p.source.id, path) for p in plans for path in p.rewrite}

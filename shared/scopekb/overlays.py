@@ -41,7 +41,8 @@ def _load(records: RecordStore, source_id: str) -> dict[str, RefOverlay]:
     out: dict[str, RefOverlay] = {}
     for ref, v in (d.get("refs") or {}).items():
         if isinstance(v, dict) and v.get("base"):
-            out[str(ref)] = RefOverlay(source_id=source_id, base=str(v["base"]), hidden=frozenset(v.get("hidden") or ()))
+            out[str(ref)] = RefOverlay(source_id=source_id, base=str(v["base"]),
+                                       hidden=frozenset(v.get("hidden") or ()))
     return out
 
 
