@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from scopekb.fields import metadata_text
 from scopekb.patterns import SOURCE_LIMITS, PatternRefused, compile_globs
@@ -448,6 +448,8 @@ class SearchHit(BaseModel):
     ref: str | None = None
     refs: list[str] | None = Field(default=None, description="every indexed ref whose commit holds this chunk")
     commit: str | None = None
+    #: The chunk's document id (not serialised), to list the overlay refs that hold it (issue 23).
+    _chunk_id: str | None = PrivateAttr(default=None)
     blob_sha: str | None = Field(
         default=None, description="git blob id (or object ETag) of the whole document; with path it names what "
                                   "GET /v1/read returns")

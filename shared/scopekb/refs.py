@@ -204,6 +204,18 @@ class RefIndex:
         """The overlays of ``ref`` among the loaded sources (for :attr:`SearchFilter.overlays`)."""
         return tuple(ovs[ref] for _sid, ovs in sorted(self.overlays.items()) if ref in ovs)
 
+    def member_refs(self, source_id: str | None, chunk_id: str | None, refs: list[str] | None) -> list[str] | None:
+        """Every ref of ``source_id`` that holds the chunk ``chunk_id`` whose stored ``refs`` are ``refs``: those,
+        then (sorted by name) each overlay ref that sees the chunk through its base - the base is among ``refs`` and
+        the chunk is not hidden in it (:class:`scopekb.stores.base.RefOverlay`). ``refs`` unchanged when the
+        source or chunk id is unknown or the source has no overlay."""
+        ovs = self.overlays.get(source_id or "", {})
+        if not refs or chunk_id is None or not ovs:
+            return refs
+        have = set(refs)
+        extra = sorted(r for r, ov in ovs.items() if r not in have and ov.base in have and chunk_id not in ov.hidden)
+        return [*refs, *extra] if extra else refs
+
     def attribute(self, source_id: str | None, refs: list[str] | None) -> tuple[str, str] | None:
         """The ref and commit a hit found without ``ref`` names (issue 23): the source's default ref when the chunk
         is a member of it, else the first of its other refs by name that is indexed; None when none is known

@@ -67,7 +67,8 @@ _PINNED: dict[tuple[int, str, tuple[str, ...] | None], tuple[float, tuple[str, .
 _PINNED_LOCK = threading.Lock()
 
 
-#: (id of the record store, agent, contexts, source id, repo) -> (monotonic time read, RefIndex); see :func:`_ref_index`.
+#: (id of the record store, agent, contexts, source id, repo) -> (monotonic time read, RefIndex);
+#: see :func:`_ref_index`.
 _REF_INDEX: dict[tuple[Any, ...], tuple[float, RefIndex]] = {}
 
 
@@ -134,7 +135,10 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     indexed refs of the scope's sources (:class:`scopekb.refs.RefIndex`; a commit that is a ref's indexed head
     means that ref) and every hit names that ref and its indexed commit. Without a ``ref``, a hit names its
     source's default ref and that ref's indexed commit when the chunk is a member of it, else the first of the
-    chunk's other refs by name (:meth:`scopekb.refs.RefIndex.attribute`).
+    chunk's other refs by name (:meth:`scopekb.refs.RefIndex.attribute`). A hit's ``refs`` lists every ref that
+    holds the chunk: its stored ``refs`` plus the overlay refs that see it through their base
+    (:meth:`scopekb.refs.RefIndex.member_refs`; without ``ref``, from the scope's refs as cached for
+    ``cfg.revocation_bound_s``).
 
     ``records``: where a context's ranking choice is recorded (:mod:`scopekb.tuning`, ``scopekb eval --tune``);
     a hybrid search of exactly one context with an applied choice uses its weights (and its fusion, unless the
@@ -187,6 +191,8 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
             mode = SearchMode.keyword
     if grouped:
         hits = group_by_file(hits, size, tuple(dict.fromkeys(query_tokens(req.query))))
+    if refs is not None:  # overlay refs hold chunks their stored refs do not name (scopekb.overlays)
+        hits = [h.model_copy(update={"refs": refs.member_refs(h.source_id, h._chunk_id, h.refs)}) for h in hits]
     if refs is not None and ref:
         hits = [h.model_copy(update={"ref": ref, "commit": refs.commit(h.source_id, ref) or h.commit})
                 for h in hits]
@@ -262,7 +268,7 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
     ranks = _Ranks(kw={i: n for n, (i, _, _) in enumerate(kw, 1)}, kw_norm=kw_norm,
                    vec={i: n for n, (i, _, _) in enumerate(vh, 1)}, vec_score={i: s for i, s, _ in vh},
                    fusion=how, terms=tuple(dict.fromkeys(query_tokens(req.query))))
-    return [_hit(docs[i], score, why=ranks.reason(i, docs[i]))
+    return [_hit(docs[i], score, i, why=ranks.reason(i, docs[i]))
             for i, score in ranked if round(score, 6) >= req.min_score][:size], notice
 
 
@@ -321,7 +327,7 @@ def _line_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg: 
             break
         lines = pattern.lines(d[F.CONTENT], d[F.START_LINE])
         if lines:
-            hits.append(_hit(d, 1.0, match_lines=lines, why=HitReason(
+            hits.append(_hit(d, 1.0, _id, match_lines=lines, why=HitReason(
                 fusion=f"{req.mode.value}: every listed line matches", matched=[FieldMatch(
                     field="content", terms=[req.query])])))
             if len(hits) > size:
@@ -381,7 +387,7 @@ def _symbol_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
             continue
         defs_out = [{k: df.get(k) for k in ("name", "path", "kind", "signature", "line")} for _, df in matched]
         top = max(matched, key=lambda x: x[0])[1]
-        hit = _hit(d, best, match_lines=sorted({int(df["line"]) for _, df in matched if df.get("line")}),
+        hit = _hit(d, best, _id, match_lines=sorted({int(df["line"]) for _, df in matched if df.get("line")}),
                    definitions=defs_out, why=HitReason(
                        fusion=f"symbol: {req.symbol_match} {'case-sensitive' if cs else 'any case'} "
                               f"{'qualified path' if by_path else 'name'}",
@@ -520,10 +526,12 @@ def group_by_file(hits: Sequence[SearchHit], size: int, terms: Sequence[str] = (
     return out
 
 
-def _hit(d: dict[str, Any], score: float, **extra: Any) -> SearchHit:
-    return SearchHit(
+def _hit(d: dict[str, Any], score: float, chunk_id: str | None = None, **extra: Any) -> SearchHit:
+    hit = SearchHit(
         path=d[F.PATH], start_line=d[F.START_LINE], end_line=d[F.END_LINE], content=d[F.CONTENT],
         score=round(score, 6), chunk_index=d[F.CHUNK_INDEX], language=d.get(F.LANGUAGE), kind=d.get(F.KIND),
         symbol=d.get(F.SYMBOL), signature=d.get(F.SIGNATURE), repo=d.get(F.REPO), ref=d.get(F.REF),
         refs=d.get(F.REFS), commit=d.get(F.COMMIT), blob_sha=d.get(F.BLOB_SHA) or None, source_id=d.get(F.SOURCE_ID),
         agent_name=d[F.AGENT_NAME], context_id=d[F.CONTEXT_ID], indexed_at=d.get(F.INDEXED_AT), **extra)
+    hit._chunk_id = chunk_id
+    return hit

@@ -7,6 +7,7 @@ source tracking ``["main", "b*", "v*"]``. After every sync, for every ref git ha
 - the chunks the index holds for that ref (path, lines, content), and the hits of the product's search with that
   ``ref``, are exactly those of a fresh single-ref index of the ref's commit built by the product (a new source
   tracking one branch at that commit), which itself holds what chunking the tree gives;
+- every hit lists in ``refs`` every ref that holds its chunk, overlay refs included (with and without ``ref``);
 - the source's chunk documents are the distinct (path, lines, chunk identity) over all its refs - no copies;
 - ``read`` returns byte-exact lines of git's blob for every chunk of every ref;
 - the embedder never saw the same text twice (embeddings once per distinct content, through the cache);
@@ -251,6 +252,7 @@ def check(world: dict[str, Any], hist: History, src: Source, pins: set[str] = fr
     refs.update({p: p for p in pins})
     distinct: set[tuple[str, int, int, str]] = set()
     scope = ScopeFilter(src.agent_name, (src.context_id,))
+    found: dict[str, set[Key]] = {}
     for ref, commit in refs.items():
         files = hist.files(commit)
         docs = stored(world, src, ref)
@@ -260,6 +262,8 @@ def check(world: dict[str, Any], hist: History, src: Source, pins: set[str] = fr
         assert got == fresh_docs, (ref, sorted(got ^ fresh_docs)[:6])
         hits = searched(deps, scope, src.id, ref)  # the product's search of that ref = the fresh index's
         assert set(hits) == fresh_hits, (ref, sorted(set(hits) ^ fresh_hits)[:6])
+        assert all(ref in r for r in hits.values()), (ref, hits)  # overlay refs too list themselves on hits
+        found[ref] = set(hits)
         assert len(docs) == len(got), f"{ref}: two documents for one chunk"
         distinct |= got
         for d in docs:  # read is byte-exact for every chunk of every ref
@@ -275,6 +279,8 @@ def check(world: dict[str, Any], hist: History, src: Source, pins: set[str] = fr
     assert len(everything) == len(idents), "chunk documents are not the distinct chunks of the refs"
     assert {(p, a, b, c) for p, a, b, c, *_ in idents} == distinct
     assert {r for d in everything for r in d[F.REFS]} <= set(refs)
+    for key, hit_refs in searched(deps, scope, src.id).items():  # without ref: a hit lists every ref holding it
+        assert sorted(hit_refs) == sorted(r for r, keys in found.items() if key in keys), (key, hit_refs)
     status = {r["ref"]: r["commit"] for r in source_status(deps.records, deps.chunks, src)["refs"]}
     assert status == refs
     seen = world["emb"].seen
