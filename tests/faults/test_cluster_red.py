@@ -34,7 +34,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import httpx
-import pytest
 
 from .harness import generate_repo, wait_until
 
@@ -49,7 +48,6 @@ RED_S = 135
 TIME_LIMIT_S = 120
 
 
-@pytest.mark.known_failing  # issue 24: a re-run after c94c470 left job A running (4 sync_retry, no deferral)
 def test_cluster_red_gives_503_with_reason_and_syncs_wait(make_cluster_stack, private_cluster, tmp_path,
                                                           report) -> None:
     stack = make_cluster_stack("red", SCOPEKB_OPENSEARCH__SHARDS="3", SCOPEKB_OPENSEARCH__REPLICAS="1",

@@ -7,7 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from opensearchpy.exceptions import ConnectionError as OSConnectionError
+from opensearchpy.exceptions import ConnectionTimeout
 
+from scopekb.stores.base import SLOW_PROBLEM, slow_problem
 from scopekb.stores.opensearch import cluster_problem
 
 
@@ -47,3 +50,35 @@ def test_red_is_reported_either_way() -> None:
     for recovering in (False, True):
         why = cluster_problem(_Client(_health("red", unassigned=3)), recovering=recovering)  # type: ignore[arg-type]
         assert why is not None and why.startswith("cluster red")
+
+
+class _Nodes:
+    """Three nodes asked in turn: each ``health`` call raises the next of ``errors``."""
+
+    def __init__(self, errors: list[Exception]) -> None:
+        self.errors = list(errors)
+        self.cluster = self
+        self.transport = type("T", (), {"hosts": [{}, {}, {}]})()
+
+    def health(self, index: str | None = None, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        raise self.errors.pop(0)
+
+
+def _timeout() -> ConnectionTimeout:
+    return ConnectionTimeout("TIMEOUT", "read timed out", OSError("timed out"))
+
+
+def _refused() -> OSConnectionError:
+    return OSConnectionError("N/A", "connection refused", OSError("refused"))
+
+
+def test_a_slow_node_is_reported_slow_even_when_the_last_try_met_a_dead_node() -> None:
+    # cluster red under load: node 0 takes the question and does not answer within 2 s, nodes 1 and 2 are dead.
+    # The answer said "ConnectionError" (an outage) from the last try; it is the slow answer a worker waits for.
+    why = cluster_problem(_Nodes([_timeout(), _refused(), _refused()]), recovering=True)  # type: ignore[arg-type]
+    assert why == SLOW_PROBLEM and slow_problem(why)
+
+
+def test_every_node_refusing_is_an_outage_not_a_slow_answer() -> None:
+    why = cluster_problem(_Nodes([_refused(), _refused(), _refused()]), recovering=True)  # type: ignore[arg-type]
+    assert why == "unreachable: ConnectionError" and not slow_problem(why)

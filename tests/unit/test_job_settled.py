@@ -155,6 +155,44 @@ def test_an_unanswered_health_question_at_task_start_is_not_a_wait(worker, monke
     assert ran == ["j-unanswered"] and worker.retries == [] and res.get()["state"] == "done"
 
 
+def _failing_write(worker: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_run_sync(deps: Any, job_id: str, *_: Any, **__: Any) -> Job:
+        raise Transient("search backend unavailable")  # a bulk request or record write timed out
+
+    monkeypatch.setattr(worker.module, "run_sync", fake_run_sync)
+
+
+def test_a_failed_write_with_a_health_question_nobody_answered_in_time_is_a_wait(worker, monkeypatch) -> None:
+    # Under heavy load (cluster-red fault test, load average 15 on 2 cores) a node takes the 2 s health question
+    # but does not answer in time while the cluster recovers: that was "no problem" and the failure spent an
+    # attempt (sync_retry) on a cluster that could not take the writes (issue 24). Now it is a wait, counted.
+    _failing_write(worker, monkeypatch)
+    worker.rt.chunks = FakeChunks(problems=[None, "unreachable: ConnectionTimeout"])
+    res = _run(worker, "j-slow", deferrals=4, slow_waits=2)
+    assert res.state == "RETRY"
+    assert len(worker.retries) == 1 and worker.retries[0]["kwargs"] is not None, worker.retries
+    assert worker.retries[0]["kwargs"]["deferrals"] == 5 and worker.retries[0]["kwargs"]["slow_waits"] == 3
+    assert worker.retries[0]["countdown"] == worker.module.CLUSTER_WAIT_S
+
+
+def test_waits_for_a_cluster_that_never_answers_in_time_are_bounded(worker, monkeypatch) -> None:
+    # a cluster that never answers its health question in time must not keep a sync waiting forever: past
+    # SLOW_WAITS_LIMIT such failures spend attempts again (then a dead letter after worker.max_retries)
+    _failing_write(worker, monkeypatch)
+    worker.rt.chunks = FakeChunks(problems=[None, "unreachable: ConnectionTimeout"])
+    res = _run(worker, "j-slow-limit", deferrals=30, slow_waits=worker.module.SLOW_WAITS_LIMIT)
+    assert res.state == "RETRY"
+    assert worker.retries[0]["kwargs"] is None and worker.retries[0]["countdown"] > 0  # an attempt, with backoff
+
+
+def test_a_failed_write_while_every_node_refuses_spends_an_attempt(worker, monkeypatch) -> None:
+    # an outage (every node refused the connection) is not waited for: bounded attempts, as documented
+    _failing_write(worker, monkeypatch)
+    worker.rt.chunks = FakeChunks(problems=[None, "unreachable: ConnectionError"])
+    res = _run(worker, "j-refused")
+    assert res.state == "RETRY" and worker.retries[0]["kwargs"] is None
+
+
 @pytest.mark.parametrize("where", ["ensure_index", "sync_deps", "run_sync"])
 def test_a_task_that_dies_settles_its_running_job_failed_with_the_reason(worker, monkeypatch, where) -> None:
     errors: dict[str, BaseException] = {"ensure_index": StoreVersionMismatch("index v4, this process wants v5"),

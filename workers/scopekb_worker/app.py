@@ -44,7 +44,7 @@ from scopekb.logging import bind_context, clear_context, configure_logging, get_
 from scopekb.models import DeadLetter, Job, JobState, utcnow
 from scopekb.runtime import Runtime, build_runtime, celery_app, coordination
 from scopekb.settings import Settings, get_settings
-from scopekb.stores.base import RecordStore, answered_problem
+from scopekb.stores.base import RecordStore, answered_problem, slow_problem
 from scopekb_worker.heartbeat import Heartbeat, HeldTags
 from scopekb_worker.heartbeat import index_key as heartbeat_index_key
 
@@ -62,6 +62,11 @@ RETRY_BASE_S = 5.0
 RETRY_MAX_S = 300.0
 #: Seconds between checks while the search cluster cannot serve (red, no cluster manager) before a sync starts.
 CLUSTER_WAIT_S = 15
+#: Waits per task for a cluster that took the health question's connection but did not answer within its 2 s
+#: (:func:`scopekb.stores.base.slow_problem`: heavy load, a long GC pause) after a step failed. Past it such failures
+#: spend attempts again, so a cluster that never answers in time ends in a dead letter after bounded attempts
+#: instead of waiting forever (20 waits of ``CLUSTER_WAIT_S``: about 5 minutes, chosen, not measured).
+SLOW_WAITS_LIMIT = 20
 #: Errors that say a dependency is (for now) unavailable: the sync is retried later, never spun on. Adapters
 #: translate their libraries' errors into :class:`scopekb.errors.Transient` (git, OpenSearch, Redis, S3 and the
 #: embedding API among them); ``OSError`` covers the local disk.
@@ -226,7 +231,8 @@ def ping(value: str = "ping") -> dict[str, Any]:
 def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | None = None,
                  branch_deleted: bool = False, delivery_id: str | None = None,
                  trigger: str = "webhook", verify: bool = False,
-                 reset_attempts: list[str] | None = None, deferrals: int = 0) -> dict[str, Any]:
+                 reset_attempts: list[str] | None = None, deferrals: int = 0,
+                 slow_waits: int = 0) -> dict[str, Any]:
     """Sync sources of one repository and ref to the ref's current commit; returns the job record as JSON.
 
     Transient failures (git fetch, OpenSearch, Redis or the embedding API unavailable) are retried with jittered
@@ -235,6 +241,9 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
     no elected cluster manager) - before the sync starts or when any step fails, from the first request of the
     task (the chunk index check, the job record, the repository lock) to the last write - the task waits instead
     (:func:`_defer`): ``deferrals`` counts those waits, which spend no attempt, however long the cluster is red.
+    After a failed step a health question that a node took but nobody answered in time (heavy load) is a wait too,
+    ``slow_waits`` of them at most (``SLOW_WAITS_LIMIT``); one every node refused (an outage) is not: those
+    failures are retried with bounded attempts.
     Any other failure settles the job record (``failed`` with the reason, :func:`_settle_failed`) before the
     task ends: a job is never left ``running`` by a task that is over (issue 24).
     ``verify`` (the reconcile) also repairs drift between the index and git's tree; ``reset_attempts`` (a
@@ -276,14 +285,16 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
         _settle_failed(rt, job_id, source_ids, trigger, e)
         return {"id": job_id, "state": "failed", "errors": [str(e)]}
     except TRANSIENT_ERRORS as e:
-        problem = _cluster_problem(rt)
+        problem, asked = _cluster_problem(rt, slow_waits)
         if problem is not None:  # the step failed because the cluster cannot serve: wait for it, like a start
-            _defer(self, deferrals, CLUSTER_WAIT_S, "sync_deferred_for_cluster", problem=problem, error=str(e)[:300])
+            _defer(self, deferrals, CLUSTER_WAIT_S, "sync_deferred_for_cluster", slow=slow_problem(asked),
+                   problem=problem, error=str(e)[:300])
         if attempt >= s.worker.max_retries:
             _dead_letter(rt, self, job_id, e)
             return {"id": job_id, "state": "failed", "errors": [str(e)], "dead_letter": True}
         delay = backoff_delay(attempt, RETRY_BASE_S, RETRY_MAX_S)
-        log.warning("sync_retry", error=str(e)[:500], retries=attempt, countdown=round(delay, 1))
+        log.warning("sync_retry", error=str(e)[:500], retries=attempt, countdown=round(delay, 1), cluster=asked,
+                    slow_waits=slow_waits)
         try:
             raise self.retry(exc=e, countdown=delay) from e
         except Retry:  # published: the job is waiting, not failed
@@ -294,10 +305,10 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
             raise
     except Exception as e:  # anything else ends the task (a bug, the soft time limit): settle the job first
         if isinstance(e, SoftTimeLimitExceeded):  # out of time because the cluster could not serve: wait for it
-            problem = _cluster_problem(rt)
+            problem, asked = _cluster_problem(rt, slow_waits)
             if problem is not None:
-                _defer(self, deferrals, CLUSTER_WAIT_S, "sync_deferred_for_cluster", problem=problem,
-                       error="soft time limit")
+                _defer(self, deferrals, CLUSTER_WAIT_S, "sync_deferred_for_cluster", slow=slow_problem(asked),
+                       problem=problem, error="soft time limit")
         log.error("sync_crashed", error=f"{type(e).__name__}: {e}"[:500], retries=attempt, deferrals=deferrals)
         _settle_failed(rt, job_id, source_ids, trigger, e)
         raise
@@ -308,12 +319,16 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
     return job.model_dump(mode="json")
 
 
-def _defer(task: Task, deferrals: int, countdown: float, event: str, **why: Any) -> NoReturn:
+def _defer(task: Task, deferrals: int, countdown: float, event: str, slow: bool = False, **why: Any) -> NoReturn:
     """Re-enqueue the running sync after ``countdown`` seconds without spending an attempt: ``deferrals`` + 1 is
-    passed on (the task checks its attempt limit on ``retries - deferrals``; Celery's own limit is off). Raises
-    Celery's ``Retry``."""
+    passed on (the task checks its attempt limit on ``retries - deferrals``; Celery's own limit is off), and with
+    ``slow`` (a wait for a cluster that did not answer in time) ``slow_waits`` + 1 too. Raises Celery's ``Retry``."""
+    kwargs = {**(task.request.kwargs or {}), "deferrals": deferrals + 1}
+    if slow:
+        kwargs["slow_waits"] = int(kwargs.get("slow_waits") or 0) + 1
+        why["slow_waits"] = kwargs["slow_waits"]
     log.warning(event, deferrals=deferrals + 1, countdown_s=countdown, **why)
-    raise task.retry(countdown=countdown, kwargs={**(task.request.kwargs or {}), "deferrals": deferrals + 1})
+    raise task.retry(countdown=countdown, kwargs=kwargs)
 
 
 def _settle_failed(rt: Runtime, job_id: str, source_ids: Sequence[str], trigger: str,
@@ -353,15 +368,27 @@ def _resume_after_wait(rt: Runtime, job_id: str) -> None:
         rt.records.put_job(job.model_copy(update={"state": JobState.queued}))
 
 
-def _cluster_problem(rt: Runtime) -> str | None:
-    """Why the search cluster says it cannot serve now (red, no elected cluster manager, shard copies still
-    recovering after nodes came back), or None: also when no node answers (an outage is retried with backoff and
-    bounded attempts, like any transient failure). Asked after a step failed, so a recovering cluster is waited for
-    (a deferral) rather than spending the task's attempts (issue 24)."""
+def _cluster_problem(rt: Runtime, slow_waits: int) -> tuple[str | None, str | None]:
+    """After a step failed: ``(why the task waits, the cluster's answer as asked)``. Asked after a step failed, so a
+    recovering cluster is waited for (a deferral) rather than spending the task's attempts (issue 24).
+
+    The task waits when the cluster says it cannot serve (red, no elected cluster manager, shard copies still
+    recovering after nodes came back), and when a node took the question but none answered within its 2 s
+    (:func:`scopekb.stores.base.slow_problem`) while ``slow_waits`` < ``SLOW_WAITS_LIMIT``: on a machine under
+    heavy load the question times out while the cluster recovers, and taking that for "no problem" spent the
+    task's attempts on a cluster that could not take the writes (issue 24). It does not wait (None) when every node
+    refused (an outage: retried with backoff and bounded attempts, like any transient failure), when the question
+    itself fails otherwise, or when the cluster serves. The answer (second item) is None when the cluster serves.
+    """
     try:
-        return answered_problem(rt.chunks.problem(recovering=True))
-    except Exception:  # noqa: BLE001 - the question is best effort; the task's retry policy applies instead
-        return None
+        asked = rt.chunks.problem(recovering=True)
+    except Exception as e:  # noqa: BLE001 - the question is best effort; the task's retry policy applies instead
+        return None, f"health check failed: {type(e).__name__}"
+    if answered_problem(asked) is not None:
+        return asked, asked
+    if slow_problem(asked) and slow_waits < SLOW_WAITS_LIMIT:
+        return f"{asked}: the cluster took the health question but did not answer in time", asked
+    return None, asked
 
 
 class FileAttemptsRecorder:

@@ -106,6 +106,10 @@ class BulkReport:
 #: How :meth:`ChunkStore.problem` begins when no node of the backend answered (an outage), as opposed to a
 #: backend that answered and said why it cannot serve (``cluster red: ...``).
 UNANSWERED_PROBLEMS = ("unreachable", "health check failed")
+#: How :meth:`ChunkStore.problem` begins when a node took the connection but no node answered in time (a cluster
+#: under heavy load, a long garbage-collection pause), as opposed to every node refusing it (``unreachable:
+#: ConnectionError``, an outage). Unanswered too, but a worker whose write just failed waits for it (issue 24).
+SLOW_PROBLEM = "unreachable: ConnectionTimeout"
 
 
 def newest_blob_per_path(rows: Iterable[tuple[str, str, Any]]) -> dict[str, str]:
@@ -124,6 +128,12 @@ def newest_blob_per_path(rows: Iterable[tuple[str, str, Any]]) -> dict[str, str]
 def answered_problem(problem: str | None) -> str | None:
     """``problem`` when the backend answered and said why it cannot serve, None otherwise (also for an outage)."""
     return None if problem is None or problem.startswith(UNANSWERED_PROBLEMS) else problem
+
+
+def slow_problem(problem: str | None) -> bool:
+    """True when ``problem`` says the backend took the connection but did not answer in time (:data:`SLOW_PROBLEM`),
+    not that it refused it or answered."""
+    return problem is not None and problem.startswith(SLOW_PROBLEM)
 
 
 #: A search hit from a store: (document id, raw score, stored fields without the vector).

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from opensearchpy import OpenSearch, helpers
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
-from opensearchpy.exceptions import NotFoundError, RequestError, TransportError
+from opensearchpy.exceptions import ConnectionTimeout, NotFoundError, RequestError, TransportError
 
 from scopekb import fields as F
 from scopekb.errors import Refused, ScopekbError, Transient, translating
@@ -23,6 +23,7 @@ from scopekb.logging import get_logger
 from scopekb.patterns import CEILING, compile_globs
 from scopekb.settings import OpenSearchSettings
 from scopekb.stores.base import (
+    SLOW_PROBLEM,
     BulkReport,
     IndexPlacementError,
     RawHit,
@@ -106,7 +107,9 @@ def cluster_problem(client: OpenSearch, index: str | None = None, timeout_s: flo
     at once even when no cluster manager is elected (the plain call then waits and fails with
     ``cluster_manager_not_discovered_exception``). ``index`` narrows the status to that index (an alias works).
     Examples: ``"cluster red: no elected cluster manager (a majority of cluster-manager nodes is unreachable)"``,
-    ``"cluster red: 2 primary shard(s) unassigned"``, ``"unreachable: ConnectionError"``.
+    ``"cluster red: 2 primary shard(s) unassigned"``, ``"unreachable: ConnectionError"`` (every node refused),
+    ``"unreachable: ConnectionTimeout"`` (:data:`~scopekb.stores.base.SLOW_PROBLEM`: some node took the connection
+    but none answered within ``timeout_s`` seconds).
 
     With ``recovering`` a green or yellow cluster whose shard copies are still initializing or relocating is also a
     problem (``"cluster yellow: recovering, 2 shard copies initializing, 0 relocating"``): right after nodes come
@@ -116,6 +119,7 @@ def cluster_problem(client: OpenSearch, index: str | None = None, timeout_s: flo
     """
     health: dict[str, Any] = {}
     nodes = len(getattr(getattr(client, "transport", None), "hosts", None) or [None])
+    timed_out = False
     for attempt in range(nodes):  # a node that refuses is set aside by the pool: the next try asks another
         try:
             health = client.cluster.health(index=index, params={"local": "true", "request_timeout": timeout_s})
@@ -123,8 +127,11 @@ def cluster_problem(client: OpenSearch, index: str | None = None, timeout_s: flo
         except NotFoundError:
             return None  # the index does not exist yet: nothing is unavailable
         except OSConnectionError as e:
+            # a node that took the connection and did not answer in time is there but slow (heavy load): said so
+            # even when the last try met a node that refused (issue 24: a dead node tried last hid the slow one)
+            timed_out = timed_out or isinstance(e, ConnectionTimeout)
             if attempt == nodes - 1:
-                return f"unreachable: {type(e).__name__}"
+                return SLOW_PROBLEM if timed_out else f"unreachable: {type(e).__name__}"
         except TransportError as e:
             return f"health check failed: {e.status_code} {e.error}"
         except Exception as e:  # noqa: BLE001 - any other client failure (timeouts) is reported by its type
