@@ -375,7 +375,7 @@ def build_runtime(settings: Settings, with_embedder: bool = True, interactive: b
                                   model=embedder.model_id if embedder is not None else None,
                                   shards=os_cfg.shards, replicas=os_cfg.replicas,
                                   bulk_max_bytes=os_cfg.bulk_max_bytes, bulk_in_flight=os_cfg.bulk_in_flight,
-                                  encoder=os_cfg.knn_encoder)
+                                  encoder=os_cfg.knn_encoder, system_prefix=os_cfg.system_prefix)
     return Runtime(settings=settings, records=OpenSearchRecordStore(client, os_cfg.system_prefix), chunks=chunks,
                    coord=coordination(settings), tasks=CeleryTasks(settings, name), blobs=S3BlobStore(settings.s3),
                    embedder=embedder, counter=counter, opensearch_client=client)

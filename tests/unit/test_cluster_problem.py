@@ -82,3 +82,24 @@ def test_a_slow_node_is_reported_slow_even_when_the_last_try_met_a_dead_node() -
 def test_every_node_refusing_is_an_outage_not_a_slow_answer() -> None:
     why = cluster_problem(_Nodes([_refused(), _refused(), _refused()]), recovering=True)  # type: ignore[arg-type]
     assert why == "unreachable: ConnectionError" and not slow_problem(why)
+
+
+def test_a_worker_asks_about_the_system_indices_too_after_a_failed_step() -> None:
+    # run 4 of test_cluster_red on a loaded machine: a job record write failed with shard_not_in_primary_mode while a
+    # system index recovered, the chunk index was settled, the question named only the chunk index and answered
+    # "no problem": each failure spent an attempt until the job was dead-lettered. The worker's question names both.
+    from scopekb.stores.opensearch import OpenSearchChunkStore
+
+    asked: list[str | None] = []
+
+    class _Recording(_Cluster):
+        def health(self, index: str | None = None, params: dict[str, Any] | None = None) -> dict[str, Any]:
+            asked.append(index)
+            return self.health_doc
+
+    client = _Client(_health("yellow", initializing=2))
+    client.cluster = _Recording(client.cluster.health_doc)
+    store = OpenSearchChunkStore(client, alias="kb-chunks", system_prefix="kb-sys")  # type: ignore[arg-type]
+    assert store.problem(recovering=True) == "cluster yellow: recovering, 2 shard copies initializing, 0 relocating"
+    assert store.problem() is None  # readiness and the start of a task: the chunk index only, a yellow one serves
+    assert asked == ["kb-chunks,kb-sys-*", "kb-chunks"]

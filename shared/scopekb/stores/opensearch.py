@@ -305,6 +305,8 @@ class OpenSearchChunkStore:
         model: embedding model id (part of the index version name).
         encoder: ``none`` or ``sq`` (Lucene scalar quantization of the vectors; see
             :func:`scopekb.fields.chunk_mapping`).
+        system_prefix: prefix of the system indices (job records, sync state) the worker writes too; when given,
+            :meth:`problem` with ``recovering`` asks about them as well.
     """
 
     kind = "opensearch"
@@ -313,8 +315,10 @@ class OpenSearchChunkStore:
 
     def __init__(self, client: OpenSearch, alias: str = "scopekb-chunks", dimension: int | None = None,
                  model: str | None = None, shards: int = 1, replicas: int = 0,
-                 bulk_max_bytes: int = 4 * 1024 * 1024, bulk_in_flight: int = 1, encoder: str = "none") -> None:
+                 bulk_max_bytes: int = 4 * 1024 * 1024, bulk_in_flight: int = 1, encoder: str = "none",
+                 system_prefix: str | None = None) -> None:
         self.client = client
+        self.system_prefix = system_prefix
         self.bulk_in_flight = max(1, int(bulk_in_flight))
         self.encoder = encoder
         self.alias = alias
@@ -463,8 +467,12 @@ class OpenSearchChunkStore:
 
     def problem(self, recovering: bool = False) -> str | None:
         """Why the cluster cannot serve the chunk index now, in one line, or None (:func:`cluster_problem`; with
-        ``recovering`` shard copies still initializing or relocating count too)."""
-        return cluster_problem(self.client, index=self.alias, recovering=recovering)
+        ``recovering`` shard copies still initializing or relocating count too, and the system indices
+        ``<system_prefix>-*`` are asked about with the chunk index: a worker asks after a failed step, and the step
+        may have been a job record or sync state write refused with ``shard_not_in_primary_mode_exception`` while a
+        system index's copies recover - issue 24, seen on a loaded machine with the chunk index already settled)."""
+        index = f"{self.alias},{self.system_prefix}-*" if recovering and self.system_prefix else self.alias
+        return cluster_problem(self.client, index=index, recovering=recovering)
 
     def cluster_health(self) -> dict[str, Any]:
         """The cluster as ``scopekb status`` and ``GET /v1/status`` show it, from the node reached's local view of
