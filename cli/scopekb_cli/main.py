@@ -135,6 +135,16 @@ def _quiet_logging() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def _celery_logging() -> None:
+    """Give Celery and kombu their log lines back before a worker or beat starts: :func:`_quiet_logging` (run by the
+    index check) silenced them for the one-line CLI commands, and a worker's log then lacked ``celery@host ready.``
+    and its task lines (the fault harness waits for ``ready.``; every fault test that starts a worker failed)."""
+    import logging
+
+    for name in ("kombu", "celery"):
+        logging.getLogger(name).setLevel(logging.NOTSET)
+
+
 def _rt() -> Runtime:
     s = get_settings()
     _quiet_logging()
@@ -216,6 +226,7 @@ def worker(concurrency: int = 2, loglevel: str = "INFO",
         raise CliError(f"--queues must name worker.queue ({w.queue!r}) or worker.embed_queue "
                        f"({w.embed_queue or 'not set'}), got {queues!r}")
     _check_index(unavailable_ok=True)
+    _celery_logging()
     celery_app.worker_main(["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}",
                             f"--queues={','.join(names)}", "--without-gossip", "--without-mingle"])
 
