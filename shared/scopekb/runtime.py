@@ -443,6 +443,6 @@ def _new_embedded_runtime(settings: Settings) -> Runtime:
                  coord=coordination(settings), tasks=CeleryTasks(settings, "scopekb-embedded"),
                  blobs=LocalBlobStore(data / "blobs"), embedder=embedder, counter=counter)
     if embedder is not None:
-        rt._cache = SQLiteEmbeddingCache(data / "embcache.sqlite3")
+        rt._cache = SQLiteEmbeddingCache(settings.embedding.cache_path or data / "embcache.sqlite3")
         rt._cache_built = True
     return rt

@@ -187,3 +187,15 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "secret-value" not in repr(s)
     with pytest.raises(ValueError):
         EmbeddingSettings(max_batch_inputs=0)
+
+
+def test_embedded_runtime_uses_the_configured_cache_path(tmp_path: Path) -> None:
+    """``embedding.cache_path`` is honoured by the embedded profile too (it used ``<data_dir>/embcache.sqlite3``
+    whatever was configured, so a cache shared between runs was never read)."""
+    from scopekb.runtime import build_runtime
+
+    s = Settings(profile="embedded", data_dir=tmp_path / "data",
+                 embedding=EmbeddingSettings(provider="local", cache="sqlite", cache_path=tmp_path / "shared.sqlite3"))
+    rt = build_runtime(s, lazy_embedder=True)
+    assert rt._cache is not None and Path(rt._cache.path) == tmp_path / "shared.sqlite3"
+    rt._cache.close()
