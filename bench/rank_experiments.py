@@ -14,9 +14,13 @@ Vectors are cached by (model, embedding text) in ``.services/cache/rank-exp/embc
 each variant against a baseline variant, per set: NDCG@10 with its 95% bootstrap interval and the paired gain's
 interval. Choices are made on tuning sets only; ``held-aside`` is read only with ``--held-aside``.
 
+``search --query-variants split,stop,...`` also searches every query by keyword with each query rewrite of
+:data:`QUERY_VARIANTS` while the index is live, and stores each as its own variant ``<variant>+<rewrite>`` (same
+vector lists, that keyword list), so ``compare`` scores the rewrite's keyword and hybrid against the baseline.
+
 Usage::
 
-    bench/rank_experiments.py search --set tuning --variant base [--env KEY=VALUE ...]
+    bench/rank_experiments.py search --set tuning --variant base [--env KEY=VALUE ...] [--query-variants split]
     bench/rank_experiments.py compare --base base --variants base,hdr2 --sets tuning,corpus
 """
 
@@ -56,6 +60,74 @@ def _set(name: str) -> bench_sets.QualitySet:
     return next(s for s in bench_sets.SETS if s.id == name)
 
 
+# ---- query rewrites for keyword search (issue 21 experiment a) ------------------------------------------------
+
+#: Lucene's English stop words (``EnglishAnalyzer.ENGLISH_STOP_WORDS_SET``).
+STOP = frozenset("a an and are as at be but by for if in into is it no not of on or such that the their then there "
+                 "these they this to was will with".split())
+
+
+def _split(query: str) -> str:
+    """The query plus the camelCase / snake_case / digit parts of its identifiers (the index analyzer's parts)."""
+    from scopekb.stores.sqlite.text import _WORD, _analyse
+
+    extra = [p for t in _WORD.findall(query) for p in _analyse(t)[1:]]
+    return query + (" " + " ".join(extra) if extra else "")
+
+
+def _stop(query: str) -> str:
+    from scopekb.stores.sqlite.text import _WORD
+
+    kept = [t for t in _WORD.findall(query) if t.lower() not in STOP]
+    return " ".join(kept) if kept else query
+
+
+QUERY_VARIANTS = {"split": _split, "stop": _stop, "split_stop": lambda q: _stop(_split(q))}
+
+
+def sqlite_cross_fields(store, query: str, flt, size: int, tie: float = 0.3) -> list[tuple[str, float, dict]]:
+    """Experiment (c): SQLite keyword scored like OpenSearch's ``cross_fields`` — per query term, FTS5 ``bm25()``
+    of each column alone (× its boost), the best column plus ``tie`` × the others; summed over terms. (FTS5 still
+    normalises by the whole row's length, where Lucene normalises each field by its own.)"""
+    from scopekb.stores.sqlite.chunks import BM25_WEIGHTS, _filter_sql
+    from scopekb.stores.sqlite.text import query_tokens
+
+    where, args = _filter_sql(flt)
+    acc: dict[int, float] = {}
+    with store._db.read() as conn:
+        for t in dict.fromkeys(query_tokens(query)):
+            rows = conn.execute(
+                "SELECT c.rowid, -bm25(chunks_fts, 1, 0, 0, 0), -bm25(chunks_fts, 0, 1, 0, 0),"
+                " -bm25(chunks_fts, 0, 0, 1, 0), -bm25(chunks_fts, 0, 0, 0, 1) FROM chunks_fts"
+                f" JOIN chunks c ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? AND {where}",
+                [f'"{t}"', *args]).fetchall()
+            for rid, *cols in rows:
+                sc = [w * max(0.0, x) for w, x in zip(BM25_WEIGHTS, cols, strict=True)]
+                best = max(sc)
+                acc[rid] = acc.get(rid, 0.0) + best + tie * (sum(sc) - best)
+        top = sorted(acc.items(), key=lambda kv: (-kv[1], kv[0]))[:size]
+        out = []
+        for rid, score in top:
+            doc = json.loads(conn.execute("SELECT doc FROM chunk_docs WHERE rowid = ?", [rid]).fetchone()[0])
+            out.append((doc.get("_id", str(rid)), score, doc))
+    return out
+
+
+def legacy_terms(store, query: str, flt, size: int) -> list[tuple[str, float, dict]]:
+    """Keyword search with the query terms before issue 21's change: every identifier whole, stop words kept
+    (``query_tokens`` in place of ``keyword_terms``): the "before" of experiment (a)."""
+    from scopekb.stores import opensearch
+    from scopekb.stores.sqlite import chunks, text
+
+    with mock.patch.object(chunks, "keyword_terms", text.query_tokens), \
+            mock.patch.object(opensearch, "keyword_terms", text.query_tokens):
+        return store.keyword_search(query, flt, size)
+
+
+#: Keyword scoring variants (experiment c): name -> (store, query, filter, size) -> raw hits.
+SCORING_VARIANTS = {"xf": sqlite_cross_fields, "legacy": legacy_terms}
+
+
 def search(args: argparse.Namespace) -> None:
     from scopekb.runtime import build_runtime
     from scopekb.settings import Settings
@@ -79,7 +151,30 @@ def search(args: argparse.Namespace) -> None:
         k, _, v = kv.partition("=")
         env[k] = v
     t0 = time.monotonic()
-    with mock.patch.dict(os.environ, env, clear=True):
+    rewrites = [v for v in (args.query_variants or "").split(",") if v]
+    real_lists = evaluation._search_lists
+    depth = max(1, args.depth // 10) * 10
+
+    def lists_with_rewrites(rt, scope, query, depth_, boosts=()):
+        from scopekb.stores.base import SearchFilter
+
+        out = real_lists(rt, scope, query, depth_, boosts)
+        for name in rewrites:
+            lst = []
+            if name in SCORING_VARIANTS:
+                raw = SCORING_VARIANTS[name](rt.chunks, query[:4096], SearchFilter(scope=scope), depth)
+            else:
+                raw = rt.chunks.keyword_search(QUERY_VARIANTS[name](query)[:4096], SearchFilter(scope=scope), depth)
+            for _id, score, doc in raw:
+                hid = f"{doc['path']}#{doc['chunk_index']}"
+                out.hits.setdefault(hid, {"path": doc["path"], "start_line": doc["start_line"],
+                                          "end_line": doc["end_line"]})
+                lst.append((hid, score))
+            out.keyword_by_boosts[("rewrite", name)] = lst
+        return out
+
+    with mock.patch.dict(os.environ, env, clear=True), \
+            mock.patch.object(evaluation, "_search_lists", lists_with_rewrites):
         rt = build_runtime(Settings(), name=f"rankexp-{run}")
         try:
             repo = bench_sets._package_repo(qs)
@@ -95,6 +190,14 @@ def search(args: argparse.Namespace) -> None:
             shutil.rmtree(data, ignore_errors=True)
     with out.open("wb") as f:
         pickle.dump({"set": qs.id, "env": args.env, "sets": got, "seconds": time.monotonic() - t0}, f)
+    for name in rewrites:
+        es0 = got[0]
+        lists = [evaluation.Lists(keyword=ls.keyword_by_boosts[("rewrite", name)], vector=ls.vector, hits=ls.hits)
+                 for ls in es0.lists]
+        p = OUT / f"{args.variant}+{name}" / f"{qs.id}.pkl"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(pickle.dumps({"set": qs.id, "env": args.env, "rewrite": name,
+                                    "sets": [evaluation.EvalSet(es0.kind, es0.queries, lists)]}))
     es = got[0]
     print(json.dumps({m: round(evalsets.summarise(evaluation.per_query(es, m))["ndcg10"]["mean"], 4)
                       for m in evaluation.MODES}), f"{len(es.queries)} queries, {time.monotonic() - t0:.0f} s")
@@ -196,6 +299,7 @@ def main() -> None:
     s.add_argument("--keyword", action="store_true", help="keyword-only (no model)")
     s.add_argument("--profile", default="distributed", choices=("distributed", "embedded"))
     s.add_argument("--held-aside", action="store_true")
+    s.add_argument("--query-variants", help="comma-separated query rewrites of QUERY_VARIANTS (keyword lists)")
     c = sub.add_parser("compare")
     c.add_argument("--base", default="base")
     c.add_argument("--variants", default="base")
