@@ -551,6 +551,22 @@ def test_keyword_field_boosts_change_the_order_on_both_stores(backend: Backend) 
         store.keyword_search("frobnicate", f, 5, boosts=(0.0, 0.0, 0.0, 0.0))
 
 
+def test_keyword_search_leaves_out_stop_words_and_adds_identifier_parts(backend: Backend) -> None:
+    """Issue 21 (``keyword_terms``): a comment full of English stop words does not outrank the function a
+    natural-language query names; a query of stop words only still finds them; a camelCase query identifier also
+    matches its parts in a query of three terms or more."""
+    store = backend.make("stopwords", dimension=None, model=None)
+    store.bulk_write([
+        mkdoc("b", "c", "s", "src/notes.py", "# it is the one that is in the list of the things to do", vector=None),
+        mkdoc("b", "c", "s", "src/parse.py", "def parse_header(raw):\n    return raw.split()", chunk_index=1,
+              symbol="parse_header", vector=None)], refresh=True)
+    f = flt(scope(agent="b", contexts=("c",)))
+    assert [h[2][F.PATH] for h in store.keyword_search("parse the header of the request", f, 5)] == ["src/parse.py"]
+    assert [h[2][F.PATH] for h in store.keyword_search("the", f, 5)] == ["src/notes.py"]
+    assert [h[2][F.PATH] for h in store.keyword_search("parseHeader of raw input", f, 5)] == ["src/parse.py"]
+    assert store.keyword_search("parseHeader", f, 5) == []  # a name lookup (under 3 terms) stays exact
+
+
 def test_tokenisation_matches_the_opensearch_analyzers(opensearch_client: Any) -> None:
     """The SQLite store's Python tokeniser produces the same terms as the analyzers of scopekb.fields."""
     from collections import Counter

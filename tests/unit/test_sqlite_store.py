@@ -17,6 +17,7 @@ from scopekb.patterns import compile_glob
 from scopekb.stores import sqlite as S
 from scopekb.stores.base import ScopeFilter, SearchFilter, StoreVersionMismatch
 from scopekb.stores.sqlite import SqliteChunkStore, SqliteRecordStore, index_tokens, query_tokens
+from scopekb.stores.sqlite.text import keyword_terms
 
 DIM = 4
 
@@ -65,6 +66,16 @@ def test_index_tokens(text: str, tokens: list[str]) -> None:
 def test_query_tokens_keep_identifiers_whole() -> None:
     assert query_tokens("Parse_RFC3339 retryUpload(x)") == ["parse_rfc3339", "retryupload", "x"]
     assert query_tokens("!!! ---") == []
+
+
+def test_keyword_terms_drop_stop_words_and_add_identifier_parts() -> None:
+    """Issue 21: keyword queries leave out English stop words and add identifier parts (both stores)."""
+    assert keyword_terms("Return the parsed HTTPHeader_map") == ["return", "parsed", "httpheader_map", "httpheader",
+                                                                 "map"]
+    assert keyword_terms("is_valid for x y") == ["is_valid", "x", "y", "valid"]  # "is": a stop word, also as a part
+    assert keyword_terms("the parseHeader") == ["parseheader"]  # under 3 terms: a name lookup, no parts
+    assert keyword_terms("if not") == ["if", "not"]  # only stop words: searched as they are
+    assert keyword_terms("!!! ---") == []
 
 
 @pytest.mark.parametrize(("glob", "yes", "no"), [

@@ -35,6 +35,7 @@ from scopekb.stores.base import (
     answered_problem,
     newest_blob_per_path,
 )
+from scopekb.stores.sqlite.text import keyword_terms
 from scopekb.textsearch import LiteralQuery
 
 log = get_logger(__name__)
@@ -892,8 +893,9 @@ class OpenSearchChunkStore:
         The fields are searched as one (``cross_fields``: each query term scores by its best field plus 0.3 of
         the others), like the SQLite store's FTS5 ``bm25()`` over all its columns; ``best_fields`` (the best field
         for the whole query) lost NDCG@10 0.442 → 0.533 and 0.609 → 0.684 on two docstring sets (issue 21,
-        docs/benchmarks.md). Returns ``(doc id, raw BM25 score, _source)`` best first; ties are broken by
-        content sha, chunk index and path so pages are stable.
+        docs/benchmarks.md). The terms sent are :func:`scopekb.stores.sqlite.text.keyword_terms` (no English stop
+        words, identifier parts added), as on SQLite. Returns ``(doc id, raw BM25 score, _source)`` best first;
+        ties are broken by content sha, chunk index and path so pages are stable.
         """
         try:
             res = self.client.search(index=self.alias, body=self._keyword_body(query, flt, size, offset, boosts),
@@ -910,7 +912,7 @@ class OpenSearchChunkStore:
         return {
             "size": size, "from": offset,
             "query": {"bool": {"filter": filter_clauses(flt), "must": [{"multi_match": {
-                "query": query, **F.KEYWORD_MATCH,
+                "query": " ".join(keyword_terms(query)), **F.KEYWORD_MATCH,
                 **({"fields": F.keyword_fields(boosts)} if boosts is not None else {})}}]}},
             "sort": [{"_score": "desc"}, {F.CONTENT_SHA: "asc"}, {F.CHUNK_INDEX: "asc"}, {F.PATH: "asc"},
                      {F.SOURCE_ID: "asc"}, {F.CONTEXT_ID: "asc"}, {F.AGENT_NAME: "asc"}],

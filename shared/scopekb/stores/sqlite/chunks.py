@@ -30,7 +30,7 @@ from scopekb.stores.base import (
     newest_blob_per_path,
 )
 from scopekb.stores.sqlite.db import Connections, table_exists
-from scopekb.stores.sqlite.text import fts_text, query_tokens
+from scopekb.stores.sqlite.text import fts_text, keyword_terms
 from scopekb.textsearch import MIN_LITERAL, LiteralQuery
 
 log = get_logger("scopekb.stores.sqlite")
@@ -752,11 +752,12 @@ class SqliteChunkStore:
         """BM25 (FTS5) over symbol×5, signature×3, content×1 and path×2 within ``flt`` (``boosts``: other column
         weights in that order; validated as :func:`scopekb.fields.keyword_fields` does).
 
-        Query identifiers are kept whole and any of them may match (OR). Returns ``(doc id, raw score > 0, stored
+        Query identifiers are kept whole and any of them may match (OR); English stop words are left out
+        (:func:`scopekb.stores.sqlite.text.keyword_terms`). Returns ``(doc id, raw score > 0, stored
         fields)`` best first; ties are broken by content_sha, chunk_index, then id, so pages are stable. A query
         with no identifier in it matches nothing.
         """
-        terms = list(dict.fromkeys(query_tokens(query)))
+        terms = list(dict.fromkeys(keyword_terms(query)))
         if not terms or size <= 0:
             return []
         match = " OR ".join(f'"{t}"' for t in terms)

@@ -111,6 +111,41 @@ def query_tokens(text: str) -> list[str]:
     return [_lower(t) for t in _WORD.findall(text)]
 
 
+#: English stop words left out of keyword (BM25) queries: Lucene's ``EnglishAnalyzer.ENGLISH_STOP_WORDS_SET``.
+#: In code they are rare (comments and strings only), so BM25 gives them a high IDF and a natural-language query
+#: ranks comment-heavy chunks first; dropping them gained keyword NDCG@10 on the issue-21 docstring sets
+#: (docs/benchmarks.md, "Issue 21").
+STOP_WORDS = frozenset("a an and are as at be but by for if in into is it no not of on or such that the their then "
+                       "there these they this to was will with".split())
+
+
+#: Identifier parts are added to keyword queries of at least this many terms (after stop words): descriptions,
+#: where a part of a name is evidence; a shorter query is a lookup of names, which stays exact (``zqx1marker``
+#: must not match every chunk holding ``marker``).
+SPLIT_MIN_TERMS = 3
+
+
+def keyword_terms(text: str) -> list[str]:
+    """The terms a keyword (BM25) search matches: :func:`query_tokens` without :data:`STOP_WORDS` (all of them
+    when every term is a stop word: a search for ``"if"`` still finds it), in order, duplicates kept; when at least
+    :data:`SPLIT_MIN_TERMS` remain, followed by the camelCase / snake_case / digit parts of the identifiers among
+    them (the parts the index analyzer adds at index time; the whole identifier stays, so an exact match still
+    scores highest).
+
+    ``"Return the parsed HTTPHeader_map"`` → ``["return", "parsed", "httpheader_map", "httpheader", "map"]``;
+    ``"parseHeader"`` → ``["parseheader"]``. Both chunk stores search these terms (issue 21: each of the two
+    changes gained keyword NDCG@10 on the docstring sets, docs/benchmarks.md).
+    """
+    words = _WORD.findall(text)
+    kept = [w for w in words if _lower(w) not in STOP_WORDS]
+    if not kept:
+        return [_lower(w) for w in words]
+    terms = [_lower(w) for w in kept]
+    if len(terms) < SPLIT_MIN_TERMS:
+        return terms
+    return terms + [p for w in kept for p in _analyse(w)[1:] if p not in STOP_WORDS]
+
+
 def fts_text(text: Any) -> str:
     """The index-time tokens of ``text`` as one space-separated string (what the FTS5 table stores)."""
     if not text:
