@@ -38,7 +38,7 @@ from scopekb.stores.base import (
     StoreVersionMismatch,
     SymbolQuery,
 )
-from scopekb.stores.sqlite.text import index_tokens, query_tokens
+from scopekb.stores.sqlite.text import index_terms_in, query_tokens
 from scopekb.textsearch import LinePattern
 
 log = get_logger(__name__)
@@ -405,8 +405,9 @@ REASON_FIELDS = (("symbol", F.SYMBOL), ("signature", F.SIGNATURE), ("path", F.PA
 def matched_fields(terms: Sequence[str], d: dict[str, Any], content: str | None = None) -> list[FieldMatch]:
     """The query ``terms`` (already query-analysed: :func:`scopekb.stores.sqlite.text.query_tokens`) found in each
     reason field of the stored chunk ``d``, through the index-time analysis both stores share
-    (:func:`scopekb.stores.sqlite.text.index_tokens`, the twin of the OpenSearch ``scopekb_code`` analyzer), so the
-    answer is the same on OpenSearch and SQLite. ``content`` overrides ``d``'s content (merged chunks)."""
+    (:func:`scopekb.stores.sqlite.text.index_terms_in`: membership in ``index_tokens``, the twin of the OpenSearch
+    ``scopekb_code`` analyzer), so the answer is the same on OpenSearch and SQLite. ``content`` overrides ``d``'s
+    content (merged chunks)."""
     out: list[FieldMatch] = []
     if not terms:
         return out
@@ -414,8 +415,7 @@ def matched_fields(terms: Sequence[str], d: dict[str, Any], content: str | None 
         value = content if name == "content" and content is not None else d.get(key)
         if not value:
             continue
-        have = set(index_tokens(str(value)))
-        found = [t for t in terms if t in have]
+        found = index_terms_in(value, terms)
         if found:
             out.append(FieldMatch(field=name, terms=found))
     return out

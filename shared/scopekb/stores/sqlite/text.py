@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -101,6 +102,46 @@ def index_tokens(text: str | None) -> list[str]:
     ``["parserfc3339_date", "parse", "rfc", "3339", "date"]``. ``None`` or empty text gives ``[]``.
     """
     return fts_text(text).split()
+
+
+def index_terms_in(text: Any, terms: Sequence[str]) -> list[str]:
+    """The ``terms`` (query-time tokens, :func:`query_tokens`) that are among ``index_tokens(text)``, in the order
+    given; the same answer as ``[t for t in terms if t in set(index_tokens(text))]`` without analysing all of
+    ``text`` (issue 20: a search's hit reasons analysed every hit's whole content, the query service's largest CPU
+    cost per keyword request).
+
+    For ASCII text, lower-casing is per character, so a term can only be a token where it occurs in the
+    lower-cased text: each occurrence's enclosing identifier is analysed (cached), and a term with no occurrence
+    costs one substring search. Other text is analysed whole when a term occurs in it (Unicode lower-casing
+    depends on context: a final sigma), and not at all when none does.
+    """
+    if not text or not terms:
+        return []
+    s = text if isinstance(text, str) else str(text)
+    if not s.isascii():  # only a term found in the lower-cased text (sigma forms as one) needs the analysis
+        low = _lower(s).replace("ς", "σ")
+        terms = [t for t in terms if t.replace("ς", "σ") in low]
+        if not terms:
+            return []
+        have = set(fts_text(s).split())
+        return [t for t in terms if t in have]
+    low = s.lower()
+    return [t for t in terms if _WORD.fullmatch(t) and _ascii_has_token(s, low, t)]
+
+
+def _ascii_has_token(s: str, low: str, term: str) -> bool:
+    i = low.find(term)
+    while i >= 0:
+        a, b = i, i + len(term)
+        while a > 0 and (low[a - 1].isalnum() or low[a - 1] == "_"):
+            a -= 1
+        while b < len(low) and (low[b].isalnum() or low[b] == "_"):
+            b += 1
+        word = s[a:b]
+        if word and term in _analyse(word):
+            return True
+        i = low.find(term, b)  # a later occurrence in the same identifier is covered by its analysis
+    return False
 
 
 def query_tokens(text: str) -> list[str]:
