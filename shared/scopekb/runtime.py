@@ -63,8 +63,12 @@ class CeleryTasks:
             return self._app
 
     def send(self, task: str, task_id: str, kwargs: dict[str, Any]) -> None:
-        """Publish ``task`` with ``kwargs`` under ``task_id``. Broker errors propagate (callers translate)."""
-        self.app.send_task(task, task_id=task_id, kwargs=kwargs)
+        """Publish ``task`` with ``kwargs`` under ``task_id``. Broker errors propagate (callers translate).
+
+        Sent with ``ignore_result``: a job's outcome is its record (``GET /v1/jobs/{id}``), never the task's
+        result, and asking for a result made the Redis result backend subscribe to the task's result channel on
+        every send (a client and a round trip per webhook; issue 20)."""
+        self.app.send_task(task, task_id=task_id, kwargs=kwargs, ignore_result=True)
 
     def held(self, task_ids: Iterable[str]) -> set[str] | None:
         """Which of ``task_ids`` the broker holds a message for: waiting in a queue of this app, or delivered to a
