@@ -874,8 +874,8 @@ def _index_batches(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[
     alone = all(set(_ref_states(deps, plan.source)) <= {ref or plan.source.ref} for plan in plans)
     done = 0
     pending: Future[None] | None = None
-    for i in range(0, len(all_paths), s.worker.batch_files):
-        batch = all_paths[i:i + s.worker.batch_files]
+    for i, j in batch_bounds(len(all_paths), s.worker.batch_files):
+        batch = all_paths[i:j]
         docs: list[dict[str, Any]] = []
         now = utcnow().isoformat(timespec="microseconds")
         per_path: list[tuple[str, str, str, list[Chunk]]] = []  # (path, language, blob sha, chunks)
@@ -945,6 +945,25 @@ def _index_batches(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[
         deps.records.put_job(job)
         if progress:
             progress("index", done, len(all_paths))
+    return out
+
+
+def batch_bounds(n: int, size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of the index batches over ``n`` paths: ``size`` paths each, except that the first batches
+    are ``size/8``, ``size/4`` and ``size/2`` (at least 1) so the writer thread starts bulk-writing while the
+    rest is chunked (issue 20: a repository of fewer than ``size`` files was chunked whole, then written whole,
+    its chunking never overlapping a bulk request). Example: ``batch_bounds(120, 200)`` →
+    ``[(0, 25), (25, 75), (75, 120)]``."""
+    out: list[tuple[int, int]] = []
+    i = 0
+    for step in (max(1, size // 8), max(1, size // 4), max(1, size // 2)):
+        if i >= n:
+            return out
+        out.append((i, min(n, i + step)))
+        i = out[-1][1]
+    while i < n:
+        out.append((i, min(n, i + max(1, size))))
+        i = out[-1][1]
     return out
 
 

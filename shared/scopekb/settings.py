@@ -347,7 +347,7 @@ class WorkerSettings(BaseModel):
     embed_queue: str = ""
     #: Most chunks per embedding task (one task message carries their texts).
     embed_part_chunks: int = 256
-    #: Files per index batch.
+    #: Files per index batch (the first batches are smaller, see :func:`scopekb.indexing.batch_bounds`).
     batch_files: int = 200
     task_soft_time_limit_s: int = 3300
     task_time_limit_s: int = 3600
