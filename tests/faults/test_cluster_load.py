@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from .harness import Searcher, Stack, generate_repo, git
 
 REPOS = 6
@@ -47,6 +49,7 @@ def _sync_all(stack: Stack, sources: list[str], workers: list) -> tuple[float, i
     return time.monotonic() - t0, sum(j["chunks_written"] for j in jobs), jobs
 
 
+@pytest.mark.timeout(1200)  # the cluster's start (~100 s) and a loaded 2-core machine: 5.5-9.5 min seen
 def test_workers_throughput_and_concurrent_pushes(make_cluster_stack, tmp_path, report) -> None:
     stack = make_cluster_stack("load", SCOPEKB_OPENSEARCH__SHARDS="3", SCOPEKB_OPENSEARCH__REPLICAS="1",
                                SCOPEKB_WORKER__BATCH_FILES="40")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from .harness import Searcher, Stack, generate_repo, wait_until
 
 QUERY = {"query": "compute value registry", "context_id": "main"}
@@ -26,6 +28,7 @@ def node_to_kill(stack: Stack, index: str) -> tuple[int, str]:
     return int(name.rsplit("-", 1)[1]), name
 
 
+@pytest.mark.timeout(1200)  # the cluster's start (~100 s) and a loaded 2-core machine: 5.5-9.5 min seen
 def test_data_node_sigkill_during_sync_and_searches(make_cluster_stack, private_cluster, tmp_path, report) -> None:
     stack = make_cluster_stack("nodeloss", SCOPEKB_OPENSEARCH__SHARDS="3", SCOPEKB_OPENSEARCH__REPLICAS="1",
                                SCOPEKB_WORKER__BATCH_FILES="40", SCOPEKB_OPENSEARCH__BULK_MAX_BYTES="131072")
