@@ -29,6 +29,7 @@ from scopekb.stores.base import (
     SymbolQuery,
     newest_blob_per_path,
 )
+from scopekb.stores.sqlite import topk
 from scopekb.stores.sqlite.db import Connections, table_exists
 from scopekb.stores.sqlite.text import fts_text, keyword_terms
 from scopekb.textsearch import MIN_LITERAL, LiteralQuery
@@ -767,16 +768,26 @@ class SqliteChunkStore:
             if not all(boosts):  # a field with boost 0 is left out, as on OpenSearch: match the others only
                 cols = [c for c, w in zip(("symbol", "signature", "content", "path"), boosts, strict=True) if w]
                 match = "{" + " ".join(cols) + "} : (" + match + ")"
-        weights = ", ".join(str(float(w)) for w in (BM25_WEIGHTS if boosts is None else boosts))
-        # rank on the slim rows first, then read the stored fields of the page only
-        sql = ("SELECT t.id, t.score, d.doc FROM ("
-               f"SELECT c.rowid AS rid, c.id AS id, -bm25(chunks_fts, {weights}) AS score, c.content_sha AS cs,"
-               " c.chunk_index AS ci FROM chunks_fts JOIN chunks c ON c.rowid = chunks_fts.rowid"
-               f" WHERE chunks_fts MATCH ? AND {where} ORDER BY score DESC, cs, ci, id LIMIT ? OFFSET ?"
-               ") t JOIN chunk_docs d ON d.rowid = t.rid ORDER BY t.score DESC, t.cs, t.ci, t.id")
+        wts = tuple(float(w) for w in (BM25_WEIGHTS if boosts is None else boosts))
+        weights = ", ".join(str(w) for w in wts)
         with self._db.read() as conn:
             if not self._readable(conn):
                 return []
+            # rarest words first, stopping when no other row can reach the page (topk.py); every weight must be
+            # > 0 there (a 0 boost leaves its column out of the match)
+            top = topk.top_k(conn, terms, wts, where, args, size + max(0, offset)) if all(wts) else None
+            if top is not None:
+                page = top[max(0, offset):]
+                marks = ",".join("?" * len(page))
+                got = dict(conn.execute(f"SELECT rowid, doc FROM chunk_docs WHERE rowid IN ({marks})",
+                                        [r for r, _, _ in page]).fetchall()) if page else {}
+                return [(i, s, json.loads(got[r])) for r, i, s in page]
+            # every match scored by FTS5: rank on the slim rows first, then read the stored fields of the page only
+            sql = ("SELECT t.id, t.score, d.doc FROM ("
+                   f"SELECT c.rowid AS rid, c.id AS id, -bm25(chunks_fts, {weights}) AS score, c.content_sha AS cs,"
+                   " c.chunk_index AS ci FROM chunks_fts JOIN chunks c ON c.rowid = chunks_fts.rowid"
+                   f" WHERE chunks_fts MATCH ? AND {where} ORDER BY score DESC, cs, ci, id LIMIT ? OFFSET ?"
+                   ") t JOIN chunk_docs d ON d.rowid = t.rid ORDER BY t.score DESC, t.cs, t.ci, t.id")
             rows = conn.execute(sql, [match, *args, size, max(0, offset)]).fetchall()
         return [(r[0], float(r[1]), json.loads(r[2])) for r in rows]
 
