@@ -97,3 +97,20 @@ def test_bm25_in_python_equals_fts5_to_the_last_bit(store: SqliteChunkStore) -> 
     assert len(fts) > 100
     for r in fts:
         assert topk.bm25(r[2:6], terms, idfs, w, tokens / rows) == r[1]
+
+
+def test_unfiltered_first_equals_the_single_query_or_gives_way(store: SqliteChunkStore) -> None:
+    rng = random.Random(3)
+    answered = 0
+    w = tuple(float(x) for x in BM25_WEIGHTS)
+    for _ in range(60):
+        terms = rng.sample(WORDS[:6], rng.randint(1, 4))  # common words: the case top_k gives up on
+        flt = SearchFilter(scope=ScopeFilter(rng.choice("ab"), None))  # "b" holds 1 row in 5
+        where, args = _filter_sql(flt)
+        for k in (1, 10, 40):
+            with store._db.read() as conn:
+                got = topk.top_k_unfiltered_first(conn, " OR ".join(f'"{t}"' for t in terms), w, where, args, k)
+            if got is not None:
+                answered += 1
+                assert got == _reference(store, terms, flt, k), (terms, k)
+    assert answered > 60

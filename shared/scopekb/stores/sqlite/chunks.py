@@ -776,6 +776,8 @@ class SqliteChunkStore:
             # rarest words first, stopping when no other row can reach the page (topk.py); every weight must be
             # > 0 there (a 0 boost leaves its column out of the match)
             top = topk.top_k(conn, terms, wts, where, args, size + max(0, offset)) if all(wts) else None
+            if top is None:  # every word common: FTS5 scores every match, best rows first, then the filter
+                top = topk.top_k_unfiltered_first(conn, match, wts, where, args, size + max(0, offset))
             if top is not None:
                 page = top[max(0, offset):]
                 marks = ",".join("?" * len(page))

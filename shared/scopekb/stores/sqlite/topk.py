@@ -187,3 +187,29 @@ def top_k(conn: sqlite3.Connection, terms: Sequence[str], weights: Sequence[floa
             scored.append((-s, r[5], r[6], r[7], r[0]))
     scored.sort(key=lambda x: (x[0], x[1] is not None, x[1] or "", x[2] is not None, x[2] or 0, x[3]))
     return [(x[4], x[3], -x[0]) for x in scored[:k]]
+
+
+def top_k_unfiltered_first(conn: sqlite3.Connection, match: str, weights: Sequence[float], where: str,
+                           args: Sequence[Any], k: int) -> list[tuple[int, str, float]] | None:
+    """The same page as :func:`top_k` for the FTS5 query ``match`` by scoring in FTS5 alone first: the best
+    ``2k + 8`` rows of the whole table by ``-bm25()`` (no join with ``chunks``, about half the cost of the joined
+    query on django), then ``where``/``args`` on those rows. Exact when at least ``k`` of them pass the filter and
+    the ``k``-th passing score is above the last row read (no unread row can reach or tie it), or when every
+    matching row was read; None otherwise (a filter that leaves out most rows: run the joined query)."""
+    if k <= 0:
+        return []
+    w = ", ".join(str(float(x)) for x in weights)
+    m = 2 * k + 8
+    rows = conn.execute(f"SELECT rowid, -bm25(chunks_fts, {w}) AS s FROM chunks_fts WHERE chunks_fts MATCH ?"
+                        " ORDER BY s DESC LIMIT ?", [match, m]).fetchall()
+    if not rows:
+        return []
+    score = dict(rows)
+    ids = list(score)
+    kept = conn.execute(f"SELECT c.rowid, c.content_sha, c.chunk_index, c.id FROM chunks c WHERE c.rowid IN"
+                        f" ({','.join('?' * len(ids))}) AND {where}", [*ids, *args]).fetchall()
+    page = sorted(kept, key=lambda r: (-score[r[0]], r[1] is not None, r[1] or "", r[2] is not None, r[2] or 0,
+                                       r[3]))[:k]
+    if len(rows) == m and (len(page) < k or not score[page[-1][0]] > rows[-1][1]):
+        return None
+    return [(r[0], r[3], score[r[0]]) for r in page]
