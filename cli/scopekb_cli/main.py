@@ -590,6 +590,14 @@ def index(target: Annotated[str, typer.Argument(help="a folder, a local git repo
         raise typer.Exit(1)
 
 
+def _check_agent(agent: str) -> None:
+    """Refuse an ``--agent`` that breaks the scope naming rule (:func:`scopekb.models.check_scope_part`)."""
+    try:
+        check_scope_part(agent, "--agent")
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
 class GroupBy(StrEnum):
     """``scopekb search --group-by`` (the request's ``group_by``)."""
 
@@ -630,10 +638,7 @@ def search(query: str,
     from pydantic import ValidationError
 
     s = get_settings()
-    try:
-        check_scope_part(agent, "--agent")
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    _check_agent(agent)
     rt = _rt()
     chosen = mode or (SearchMode.hybrid if rt.embedder is not None else SearchMode.keyword)
     scope = ScopeFilter(agent, None if context is None else (context,))
@@ -700,12 +705,12 @@ def search(query: str,
 
 
 #: Request fields named in search notices and validation messages (shared with REST and MCP) and the
-#: ``scopekb search`` flag that sets each, so a CLI user reads the flag to change (README newcomer run).
+#: ``scopekb search``/``read`` flag that sets each, so a CLI user reads the flag to change (README newcomer run).
 CLI_FLAGS = {"max_results": "--max-results", "file_patterns": "--file", "languages": "--language",
              "source_id": "--source", "context_id": "--context", "case_sensitive": "--case-sensitive",
              "symbol_match 'exact'": "no --prefix", "symbol_match": "--prefix", "kinds": "--kind",
-             "metadata": "--meta", "max_tokens": "--max-tokens", "group_by": "--group-by", "query": "QUERY",
-             "agent_name": "--agent"}
+             "metadata": "--meta", "max_tokens": "--max-tokens", "group_by": "--group-by",
+             "agent_name": "--agent", "start_line": "--start", "end_line": "--end", "blob_sha": "BLOB_SHA"}
 _CLI_FLAG_RE = re.compile(r"(?<![\w.-])(" + "|".join(re.escape(k) for k in sorted(CLI_FLAGS, key=len, reverse=True))
                           + r")(?![\w-]|\.\w)")
 
@@ -811,11 +816,17 @@ def read(path: Annotated[str, typer.Argument(help="a search hit's path")],
          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Write exactly lines START..END of an indexed file version (a hit's path and blob_sha) to stdout, bytes as
     the blob holds them; --json gives them with their repo, ref and commit."""
+    from pydantic import ValidationError
+
     from scopekb.reading import read_lines, result_bytes
 
+    _check_agent(agent)
+    try:
+        req = ReadRequest(path=path, blob_sha=blob_sha, start_line=start, end_line=end, context_id=context,
+                          cross_context=context is None)
+    except ValidationError as e:
+        raise CliError(cli_terms(validation_message(e.errors(include_url=False)))) from None
     rt = _rt()
-    req = ReadRequest(path=path, blob_sha=blob_sha, start_line=start, end_line=end, context_id=context,
-                      cross_context=context is None)
     res = read_lines(rt.chunks, rt.blobs, ScopeFilter(agent, None if context is None else (context,)), req)
     if as_json:
         out.print_json(res.model_dump_json())

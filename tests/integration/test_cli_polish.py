@@ -9,26 +9,12 @@ says is what it did, in CLI terms, with no library warnings around it.
 from __future__ import annotations
 
 import subprocess
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from . import test_cli_search_text
+from .test_cli_errors import base_env, run
 
-from .test_cli_errors import base_env, dist_env, run
-
-
-@pytest.fixture(params=["embedded", "distributed"])
-def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
-    if request.param == "embedded":
-        yield base_env(tmp_path)
-        return
-    run_id = f"clipol-{uuid.uuid4().hex[:8]}"
-    e = dist_env(tmp_path, request.getfixturevalue("opensearch_url"), request.getfixturevalue("redis_url"), run_id)
-    client, redis = request.getfixturevalue("opensearch_client"), request.getfixturevalue("redis_client")
-    yield {**e, "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true"}
-    client.indices.delete(index=f"{run_id}-*", ignore_unavailable=True)
-    redis.delete(f"{run_id}-queue")
+env = test_cli_search_text.env  # the fixture: the CLI's environment on each profile
 
 
 def git_repo(where: Path, files: dict[str, str], commits: int = 1) -> Path:
@@ -105,9 +91,14 @@ def test_search_options_notices_and_an_empty_scope_speak_cli(env: dict[str, str]
     assert p.returncode == 0, p.stderr
     assert "--max-results" in p.stderr and "max_results" not in p.stderr.replace("--max-results", ""), p.stderr
 
-    for args, flag in ((["--max-tokens", "5"], "--max-tokens"), (["--context", " bad"], "--context"),
-                       (["--agent", "bad agent "], "--agent")):
-        p = run(["search", "retry_helper", *args], env, tmp_path)
+    blob = "0" * 40
+    for args, flag in ((["search", "retry_helper", "--max-tokens", "5"], "--max-tokens"),
+                       (["search", "retry_helper", "--context", " bad"], "--context"),
+                       (["search", "retry_helper", "--agent", "bad agent "], "--agent"),
+                       (["read", "a.py", "xyz"], "BLOB_SHA"), (["read", "a.py", blob, "--agent", ""], "--agent"),
+                       (["read", "a.py", blob, "--start", "3", "--end", "2"], "--end must not be before --start"),
+                       (["read", "a.py", blob, "--context", "\x01"], "--context")):
+        p = run(args, env, tmp_path)
         lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("embeddings:")]
         assert p.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and flag in lines[0], \
             (args, p.stderr)

@@ -21,13 +21,17 @@ LIB = ("import os\nneedle_alpha = 1\nunrelated = 0\nneedle_alpha += 2  # again\n
 
 @pytest.fixture(params=["embedded", "distributed"])
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The CLI's environment on each profile (distributed: indices, system prefix and queue of the run's own,
+    removed afterwards). Also used by test_cli_polish.py."""
     if request.param == "embedded":
         yield base_env(tmp_path)
         return
     run_id = f"clitext-{uuid.uuid4().hex[:8]}"
     e = dist_env(tmp_path, request.getfixturevalue("opensearch_url"), request.getfixturevalue("redis_url"), run_id)
+    client, redis = request.getfixturevalue("opensearch_client"), request.getfixturevalue("redis_client")
     yield {**e, "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true"}
-    request.getfixturevalue("opensearch_client").indices.delete(index=f"{run_id}-*", ignore_unavailable=True)
+    client.indices.delete(index=f"{run_id}-*", ignore_unavailable=True)
+    redis.delete(f"{run_id}-queue")
 
 
 def test_exact_search_shows_origin_blob_and_numbered_matching_lines(env: dict[str, str], tmp_path: Path) -> None:
