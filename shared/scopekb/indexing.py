@@ -57,7 +57,7 @@ from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry, is_sh
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobStage, JobState, Source, utcnow
 from scopekb.patterns import GITATTRIBUTES_LIMITS, usable_globs
-from scopekb.refs import MAX_REFS, match_refs, put_ref_state, ref_states
+from scopekb.refs import cap_refs, match_refs, put_ref_state, ref_states
 from scopekb.settings import Settings, git_cache_dir
 from scopekb.stores.base import BulkReport, ChunkStore, RecordStore, answered_problem
 
@@ -269,7 +269,7 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
     try:
         with _counting_embedding_retries(None if staged else deps.embedder, job):
             if not (branch_deleted and _delete_branch_if_gone(deps, job, sources)):
-                _sync(deps, job, sources, progress, verify)
+                _sync(deps, job, sources, progress, verify, pushed=prev.ref if prev is not None else None)
     except Exception as e:  # recorded, then re-raised for the task's retry policy
         job.state = JobState.failed
         job.errors.append(f"{type(e).__name__}: {e}")
@@ -449,9 +449,11 @@ def _reader(deps: SyncDeps, src: Source) -> Mirror | ObjectPrefix | FolderPrefix
     return Mirror(git_cache_dir(s), src.repo_url, allow_local=s.git.allow_local_paths, timeout_s=s.git.fetch_timeout_s)
 
 
-def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | None, verify: bool = False) -> None:
+def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | None, verify: bool = False,
+          pushed: str | None = None) -> None:
     """Bring every tracked ref of ``sources`` (one repository) to its current commit, one ref after the other, with
-    one fetch; refs no longer tracked (a deleted branch, a pattern no longer matching) lose their membership."""
+    one fetch; refs no longer tracked (a deleted branch, a pattern no longer matching) lose their membership.
+    ``pushed``: the ref the queued job named (a webhook's pushed ref), reported when the ref cap leaves it out."""
     reader = _reader(deps, sources[0])
     try:
         reader.fetch()
@@ -461,7 +463,7 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
             tracked = {s.id: {s.ref: target} for s in sources}
             trees: dict[str, dict[str, TreeEntry]] = {target: tree}
         else:
-            tracked = _tracked_refs(reader, sources)
+            tracked = _tracked_refs(deps, job, reader, sources, pushed)
             _add_pins(deps, job, reader, sources, tracked)
             trees = {}
         ref_targets = {r: c for t in tracked.values() for r, c in t.items()}
@@ -537,24 +539,46 @@ def _add_pins(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source],
             tracked[src.id][name] = name
 
 
-def _tracked_refs(reader: Mirror, sources: list[Source]) -> dict[str, dict[str, str]]:
-    """source id -> {ref name: commit} of the refs each source tracks now (:func:`scopekb.refs.match_refs`).
-    A source tracking one ``ref`` that is a full commit id (no branch or tag of that name) tracks that commit
-    (``scopekb eval`` indexes parent commits so).
+def _tracked_refs(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source],
+                  pushed: str | None = None) -> dict[str, dict[str, str]]:
+    """source id -> {ref name: commit} of the refs each source tracks now: those its patterns match
+    (:func:`scopekb.refs.match_refs`) under its cap ``git.max_refs_per_source`` (:func:`scopekb.refs.cap_refs`: the
+    source's ``ref`` and the refs already indexed always stay). New refs the cap leaves out are named in
+    ``job.errors`` (the job ends ``partial``), the ``pushed`` ref too when it is one of them. A source tracking
+    one ``ref`` that is a full commit id (no branch or tag of that name) tracks that commit (``scopekb eval``
+    indexes parent commits so).
 
     Raises:
         SyncError: a source tracking one ``ref`` only (no ``refs`` patterns) whose branch does not exist.
     """
     listed = reader.list_refs()
+    cap = deps.settings.git.max_refs_per_source
     out: dict[str, dict[str, str]] = {}
     for src in sources:
-        out[src.id] = match_refs(src.ref_patterns, listed, limit=MAX_REFS)
+        out[src.id], left_out = cap_refs(match_refs(src.ref_patterns, listed), src.ref, set(_ref_states(deps, src)),
+                                         cap)
+        if left_out:
+            job.errors.append(_left_out_error(src, left_out, cap, pushed))
+            log.warning("refs_left_out", source_id=src.id, left_out=len(left_out), cap=cap, sample=left_out[:5])
         if not src.refs and not out[src.id]:
             commit = reader.resolve(src.ref) if is_sha(src.ref) else None
             if commit is None:
                 raise SyncError(f"ref {src.ref!r} not found in {src.repo_url}")
             out[src.id] = {src.ref: commit}
     return out
+
+
+def _left_out_error(src: Source, left_out: list[str], cap: int, pushed: str | None) -> str:
+    """The job error naming the refs the cap left out: how many, the first five (each cut to 100 characters), and
+    the pushed ref when it is one of them."""
+    names = ", ".join(repr(n[:100]) for n in left_out[:5]) + (f" and {len(left_out) - 5} more" if len(left_out) > 5
+                                                              else "")
+    text = (f"source {src.id}: {len(left_out)} refs its refs patterns match are not indexed, over "
+            f"git.max_refs_per_source={cap} (its ref and the refs already indexed stay, then new refs by name, "
+            f"branches before tags): {names}")
+    if pushed and pushed in left_out:
+        text += f"; the pushed ref {pushed[:100]!r} is one of them"
+    return text
 
 
 def _ref_states(deps: SyncDeps, src: Source) -> dict[str, dict[str, Any]]:

@@ -10,7 +10,7 @@ regex: they come from API callers.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +22,6 @@ from scopekb.stores.base import RecordStore, RefOverlay, ScopeFilter
 
 HEADS = "refs/heads/"
 TAGS = "refs/tags/"
-#: Refs one source tracks at most (Sourcebot caps a repository at 64 branches/tags); the rest are left out.
-MAX_REFS = 64
 _HEX = re.compile(r"^[0-9a-fA-F]{7,64}$")
 
 
@@ -32,11 +30,10 @@ def short_name(full: str) -> str:
     return full.removeprefix(HEADS).removeprefix(TAGS)
 
 
-def match_refs(patterns: Sequence[str], refs: Mapping[str, str], limit: int | None = None) -> dict[str, str]:
-    """The tracked refs: short name → commit, for every branch/tag in ``refs`` (full name → commit, as
-    :meth:`scopekb.gitrepo.Mirror.list_refs` gives) that one of ``patterns`` matches, branches before tags.
-
-    ``limit``: at most this many refs, the first by name (branches first) - the rest are left out.
+def match_refs(patterns: Sequence[str], refs: Mapping[str, str]) -> dict[str, str]:
+    """The refs ``patterns`` match: short name → commit, for every branch/tag in ``refs`` (full name → commit, as
+    :meth:`scopekb.gitrepo.Mirror.list_refs` gives) that one of them matches, branches before tags, each by name.
+    Uncapped: :func:`cap_refs` chooses which of them a sync tracks.
 
     Raises:
         scopekb.patterns.PatternRefused: a pattern over the source pattern limits.
@@ -56,9 +53,33 @@ def match_refs(patterns: Sequence[str], refs: Mapping[str, str], limit: int | No
             continue  # a branch of that name came first
         if any(k == kind and g.match("/" + name) for k, g in matchers):
             out[name] = refs[full]
-            if limit is not None and len(out) >= limit:
-                break
     return out
+
+
+def cap_refs(matched: Mapping[str, str], default: str, indexed: Collection[str],
+             limit: int) -> tuple[dict[str, str], list[str]]:
+    """Which of the ``matched`` refs (:func:`match_refs`: name → commit, in its order) a source tracks under its cap
+    of ``limit`` refs (setting ``git.max_refs_per_source``; hostile review 3, H1): the source's own ``ref``
+    (``default``) and every ref already ``indexed`` (names with a sync state) always, whatever their number, so the
+    cap never drops an indexed ref; then new refs in ``matched`` order (branches before tags, by name) while fewer
+    than ``limit`` are tracked. A ref git no longer has is not in ``matched`` and so not tracked (dropped as usual).
+
+    Returns:
+        ``(tracked, left_out)``: tracked name → commit, and the names of the new refs left out by the cap, in
+        ``matched`` order.
+    """
+    keep = {n for n in matched if n == default or n in indexed}
+    room = max(0, limit - len(keep))
+    left_out: list[str] = []
+    for name in matched:
+        if name in keep:
+            continue
+        if room > 0:
+            keep.add(name)
+            room -= 1
+        else:
+            left_out.append(name)
+    return {n: c for n, c in matched.items() if n in keep}, left_out
 
 
 def source_tracks(src: Source, full_ref: str) -> bool:

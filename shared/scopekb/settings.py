@@ -137,6 +137,10 @@ class GitSettings(BaseModel):
     pin_ttl_s: float = 24 * 3600.0
     #: Pins a source may hold at once; one more is refused with 429 naming this setting.
     max_pins_per_source: int = 8
+    #: Branches/tags one source tracks at most through its ``refs`` patterns (Sourcebot caps a repository at 64):
+    #: its own ``ref`` and the refs already indexed always stay; new refs over the cap are left out and named in
+    #: the sync job's errors (:func:`scopekb.refs.cap_refs`).
+    max_refs_per_source: int = Field(default=64, ge=1)
     #: A pin whose diff from the nearest indexed ref changes more files than this is refused (422 naming it).
     max_pin_files: int = 5000
 

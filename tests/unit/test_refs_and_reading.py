@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scopekb.errors import NotFound, Refused
 from scopekb.filetypes import decode_text
 from scopekb.reading import split_lines
-from scopekb.refs import RefIndex, match_refs
+from scopekb.refs import RefIndex, cap_refs, match_refs
 
 REFS = {"refs/heads/main": "a" * 40, "refs/heads/release/1.0": "b" * 40, "refs/heads/release/2.0": "c" * 40,
         "refs/heads/feature/main": "d" * 40, "refs/tags/v1.0": "e" * 40, "refs/tags/v2.0": "f" * 40,
@@ -26,7 +26,21 @@ def test_patterns_match_branches_and_tags_anchored_at_the_start() -> None:
     assert match_refs(["refs/tags/v*"], REFS) == {"v1.0": "e" * 40, "v2.0": "f" * 40}
     assert match_refs(["refs/tags/main"], REFS) == {"main": "1" * 40}
     assert match_refs(["nothing"], REFS) == {}
-    assert list(match_refs(["*"], REFS, limit=2)) == ["feature/main", "main"]
+    assert list(match_refs(["*"], REFS)) == ["feature/main", "main", "release/1.0", "release/2.0", "vendor",
+                                             "v1.0", "v2.0"]  # branches by name, then tags (main is a branch)
+
+
+def test_the_cap_keeps_the_default_ref_and_indexed_refs_then_new_ones_by_name() -> None:
+    """Hostile review 3, H1: the cap of refs per source never pushes out the source's ref or an indexed ref."""
+    matched = match_refs(["*"], REFS)
+    kept, out = cap_refs(matched, "main", set(), 2)
+    assert list(kept) == ["feature/main", "main"] and out == ["release/1.0", "release/2.0", "vendor", "v1.0", "v2.0"]
+    kept, out = cap_refs(matched, "vendor", {"v2.0"}, 3)  # the default and an indexed tag first, then one new ref
+    assert list(kept) == ["feature/main", "vendor", "v2.0"] and out == ["main", "release/1.0", "release/2.0", "v1.0"]
+    kept, out = cap_refs(matched, "main", {"v1.0", "v2.0", "vendor"}, 2)  # over the cap already: none dropped
+    assert list(kept) == ["main", "vendor", "v1.0", "v2.0"] and out == ["feature/main", "release/1.0", "release/2.0"]
+    kept, out = cap_refs(matched, "gone", {"gone", "v1.0"}, 8)  # a ref git no longer has is not kept
+    assert list(kept) == list(matched) and out == []
 
 
 def test_a_search_ref_resolves_to_a_name_or_an_indexed_head() -> None:
