@@ -54,13 +54,23 @@ def test_scanner_carries_strings_and_escapes_across_pieces() -> None:
         check_depth(text, 3)
 
 
-def test_scanner_is_fast_on_big_flat_bodies() -> None:
+def test_scanner_is_linear_on_big_flat_bodies() -> None:
+    """The depth scanner stays within a constant factor of ``json.loads`` on a 2.5 MB flat body (a quadratic scan
+    would be thousands of times slower). Relative to a baseline in the same process, best of 3, so machine load
+    does not decide it (about 10x here: a Python scanner against C)."""
     import time
 
     body = json.dumps({"files": [{"path": f"a/{i}.py", "lines": [1, 2]} for i in range(60000)]}).encode()
-    t0 = time.perf_counter()
-    check_depth(body)
-    assert time.perf_counter() - t0 < 2.0  # generous (about 0.2 s here for 2.5 MB)
+
+    def best(fn: Any) -> float:
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn(body)
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    assert best(check_depth) < 100 * best(json.loads)
 
 
 # ---- the middleware on a small app --------------------------------------------------------------------------------
