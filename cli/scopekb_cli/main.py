@@ -813,6 +813,8 @@ def read(path: Annotated[str, typer.Argument(help="a search hit's path")],
          end: Annotated[int | None, typer.Option("--end", help="last line, inclusive; default: the last")] = None,
          agent: Annotated[str, typer.Option(help="agent whose chunks name the blob")] = "local",
          context: Annotated[str | None, typer.Option(help="one context; default: all contexts of the agent")] = None,
+         ref: Annotated[str | None, typer.Option(help="only the file as this branch, tag or indexed head commit "
+                                                  "holds it")] = None,
          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Write exactly lines START..END of an indexed file version (a hit's path and blob_sha) to stdout, bytes as
     the blob holds them; --json gives them with their repo, ref and commit."""
@@ -822,12 +824,13 @@ def read(path: Annotated[str, typer.Argument(help="a search hit's path")],
 
     _check_agent(agent)
     try:
-        req = ReadRequest(path=path, blob_sha=blob_sha, start_line=start, end_line=end, context_id=context,
-                          cross_context=context is None)
+        req = ReadRequest(path=path, blob_sha=blob_sha, start_line=start, end_line=end, ref=ref,
+                          context_id=context, cross_context=context is None)
     except ValidationError as e:
         raise CliError(cli_terms(validation_message(e.errors(include_url=False)))) from None
     rt = _rt()
-    res = read_lines(rt.chunks, rt.blobs, ScopeFilter(agent, None if context is None else (context,)), req)
+    res = read_lines(rt.chunks, rt.blobs, ScopeFilter(agent, None if context is None else (context,)), req,
+                     rt.records, rt.settings.query.revocation_bound_s)
     if as_json:
         out.print_json(res.model_dump_json())
         return

@@ -372,7 +372,7 @@ def _add_read(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
     def _read(key: ApiKey, req: ReadRequest) -> str:
         # as search: no context named means every context the key may see (never another agent's)
         scope = resolve_scope(key, req.context_id, req.cross_context or req.context_id is None)
-        res = read_lines(rt.chunks, rt.blobs, scope, req)
+        res = read_lines(rt.chunks, rt.blobs, scope, req, rt.records, rt.settings.query.revocation_bound_s)
         head = (f"{field(res.path)}:{res.start_line}-{res.end_line} of {res.total_lines} lines, blob "
                 f"{field(res.blob_sha[:12])}, {field(res.repo or '?')}@{field(res.ref or '?')} commit "
                 f"{field((res.commit or '?')[:12])}")
@@ -390,6 +390,8 @@ def _add_read(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
         blob_sha: Annotated[str, Field(description="The hit's blob_sha (the file's version)")],
         start_line: Annotated[int, Field(ge=1, description="First line, 1-based")] = 1,
         end_line: Annotated[int | None, Field(ge=1, description="Last line, inclusive; default: the last")] = None,
+        ref: Annotated[str | None, Field(description="Only the file as this branch, tag or indexed head commit "
+                                         "holds it (the ref the answer names); default: any indexed ref")] = None,
         context_id: Annotated[str | None, Field(description="Look only in this one of the key's contexts; "
                                                 "omitted: every context the key may see")] = None,
         cross_context: Annotated[bool, Field(description="With context_id: look in every context this key may "
@@ -399,7 +401,7 @@ def _add_read(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
         search results; not found when this key's scope never indexed that version of that file."""
         key = key_of(ctx)
         try:
-            req = ReadRequest(path=path, blob_sha=blob_sha, start_line=start_line, end_line=end_line,
+            req = ReadRequest(path=path, blob_sha=blob_sha, start_line=start_line, end_line=end_line, ref=ref,
                               context_id=context_id, cross_context=cross_context)
         except ValidationError as e:
             raise _invalid(e) from None

@@ -492,6 +492,9 @@ class ReadRequest(BaseModel):
     start_line: int = Field(default=1, ge=1)
     end_line: int | None = Field(default=None, ge=1)
     repo: str | None = Field(default=None, max_length=1000)
+    ref: str | None = Field(default=None, min_length=1, max_length=256,
+                            description="only the blob as this branch, tag or indexed head commit holds it; it is "
+                                        "the ref the answer names")
     context_id: str | None = None
     cross_context: bool = False
 

@@ -23,7 +23,8 @@ from scopekb.blobs import BlobNotFound, BlobStore, blob_key
 from scopekb.errors import NotFound, Refused
 from scopekb.filetypes import sniff_encoding
 from scopekb.models import ReadRequest, ReadResult
-from scopekb.stores.base import ChunkStore, ScopeFilter
+from scopekb.search import name_ref, scope_refs
+from scopekb.stores.base import ChunkStore, RecordStore, ScopeFilter, SearchFilter
 
 #: A line end as :func:`scopekb.filetypes.decode_text` sees one: CRLF, a lone CR or LF.
 _LINE_END = re.compile(r"\r\n|\r|\n")
@@ -63,22 +64,36 @@ def _split_keep(data: str | bytes, pattern: re.Pattern) -> list:  # type: ignore
     return out
 
 
-def read_lines(chunks: ChunkStore, blobs: BlobStore, scope: ScopeFilter, req: ReadRequest) -> ReadResult:
+def read_lines(chunks: ChunkStore, blobs: BlobStore, scope: ScopeFilter, req: ReadRequest,
+               records: RecordStore | None = None, max_age_s: float = 0.0) -> ReadResult:
     """Lines ``req.start_line..req.end_line`` (1-based, inclusive; ``end_line`` None or past the end: to the last
-    line) of the blob ``req.blob_sha`` indexed at ``req.path`` within ``scope``.
+    line) of the blob ``req.blob_sha`` indexed at ``req.path`` within ``scope`` (and ``req.ref`` when given: a
+    branch, tag or indexed head commit, resolved as a search's ``ref``).
 
-    Returns a :class:`ReadResult` naming repo, ref, commit and source of an indexed chunk of that blob (the most
-    recently indexed one when several refs or sources hold it).
+    Returns a :class:`ReadResult` naming repo, source, ref and commit of an indexed chunk of that blob (the most
+    recently indexed one when several sources hold it). With ``records``, ref and commit follow the rule of
+    search hits (:func:`scopekb.search.name_ref`): the asked ref and its indexed commit, else the source's default
+    ref when the chunk is in it, else its first indexed ref by name; ``max_age_s`` is how old the cached refs
+    may be (``query.revocation_bound_s``, as for search). Without ``records``, the ref/commit stored on the chunk.
 
     Raises:
         NotFound: (404) the scope holds no chunk of that path at that blob (also when another scope does), or
-            the blob store no longer has the blob.
-        Refused: (422) ``start_line`` is past the blob's last line (the message gives the line count).
+            none in ``req.ref``, or ``req.ref`` is not indexed, or the blob store no longer has the blob.
+        Refused: (422) ``start_line`` is past the blob's last line (the message gives the line count); (409)
+            ``req.ref`` is a commit prefix of several refs.
         scopekb.errors.Transient: a store is unavailable.
     """
-    doc = chunks.find_blob(scope, req.path, req.blob_sha, req.repo)
+    refs = scope_refs(records, scope, None, req.repo, req.ref, max_age_s) if records is not None else None
+    ref = refs.resolve(req.ref) if refs is not None and req.ref else req.ref
+    flt = SearchFilter(scope=scope, repo=req.repo, ref=ref,
+                       overlays=refs.overlays_for(ref) if refs is not None and ref else ())
+    doc = chunks.find_blob(flt, req.path, req.blob_sha)
     if doc is None:
-        raise NotFound(NOT_FOUND)
+        raise NotFound(NOT_FOUND if not ref else f"{NOT_FOUND}, in ref {ref[:200]!r}")
+    named_ref, commit = doc.get(F.REF), doc.get(F.COMMIT)
+    if refs is not None:
+        _, named_ref, commit = name_ref(refs, ref, doc.get(F.SOURCE_ID), doc.get("_id"), doc.get(F.REFS),
+                                        named_ref, commit)
     try:
         data = blobs.get(blob_key(req.blob_sha))
     except BlobNotFound:
@@ -93,7 +108,7 @@ def read_lines(chunks: ChunkStore, blobs: BlobStore, scope: ScopeFilter, req: Re
         content, b64 = raw.decode("utf-8"), None
     except UnicodeDecodeError:
         content, b64 = None, base64.b64encode(raw).decode("ascii")
-    return ReadResult(repo=doc.get(F.REPO), ref=doc.get(F.REF), commit=doc.get(F.COMMIT),
+    return ReadResult(repo=doc.get(F.REPO), ref=named_ref, commit=commit,
                       source_id=doc.get(F.SOURCE_ID), blob_sha=req.blob_sha, path=req.path,
                       start_line=req.start_line, end_line=end, total_lines=total, content=content,
                       content_base64=b64, agent_name=str(doc.get(F.AGENT_NAME)), context_id=str(doc.get(F.CONTEXT_ID)))

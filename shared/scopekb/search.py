@@ -99,6 +99,31 @@ def _ref_index(records: Any, scope: ScopeFilter, source_id: str | None, repo: st
     return idx
 
 
+def scope_refs(records: Any, scope: ScopeFilter, source_id: str | None, repo: str | None, ref: str | None,
+               max_age_s: float) -> RefIndex:
+    """The scope's indexed refs (narrowed to ``source_id``/``repo``) for :func:`name_ref`: read afresh when the
+    request names a ``ref`` (it is resolved against them), else as cached for ``max_age_s`` seconds."""
+    return RefIndex.load(records, scope, source_id, repo) if ref else _ref_index(records, scope, source_id, repo,
+                                                                                  max_age_s)
+
+
+def name_ref(refs: RefIndex, ref: str | None, source_id: str | None, chunk_id: str | None,
+             stored_refs: list[str] | None, stored_ref: str | None,
+             stored_commit: str | None) -> tuple[list[str] | None, str | None, str | None]:
+    """``(refs, ref, commit)`` a search hit or a ``read`` names for one chunk (issue 23; one rule for both).
+
+    ``refs``: the chunk's stored refs plus the overlay refs that see it (:meth:`RefIndex.member_refs`). With a
+    ``ref`` asked (already resolved to a name), that ref and its indexed commit. Without, the source's default ref
+    when the chunk is a member of it, else the first of its other indexed refs by name, with that ref's indexed
+    commit (:meth:`RefIndex.attribute`); the stored ``ref``/``commit`` (which may name a deleted branch or an old
+    commit) only when no indexed ref holds the chunk."""
+    members = refs.member_refs(source_id, chunk_id, stored_refs)
+    if ref:
+        return members, ref, refs.commit(source_id, ref) or stored_commit
+    named = refs.attribute(source_id, members)
+    return (members, named[0], named[1]) if named else (members, stored_ref, stored_commit)
+
+
 def _pinned_refs(records: Any, scope: ScopeFilter, max_age_s: float) -> tuple[str, ...]:
     """The temporary pinned refs (commit ids) of the scope's sources, sorted: a search without ``ref`` leaves out
     chunks that only they hold.
@@ -167,9 +192,8 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     except PatternRefused as e:
         raise SearchUnavailable(str(e)) from None
     size = min(req.max_results, cfg.max_results_cap)
-    refs = (RefIndex.load(records, scope, req.source_id, req.repo) if req.ref
-            else _ref_index(records, scope, req.source_id, req.repo, cfg.revocation_bound_s)) if records is not None \
-        else None
+    refs = scope_refs(records, scope, req.source_id, req.repo, req.ref, cfg.revocation_bound_s) \
+        if records is not None else None
     ref = refs.resolve(req.ref) if refs is not None and req.ref else req.ref
     meta = tuple((k, tuple(dict.fromkeys(F.metadata_text(x) for x in (v if isinstance(v, list) else [v]))))
                  for k, v in sorted(req.metadata.items()))
@@ -191,14 +215,9 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
             mode = SearchMode.keyword
     if grouped:
         hits = group_by_file(hits, size, tuple(dict.fromkeys(query_tokens(req.query))))
-    if refs is not None:  # overlay refs hold chunks their stored refs do not name (scopekb.overlays)
-        hits = [h.model_copy(update={"refs": refs.member_refs(h.source_id, h._chunk_id, h.refs)}) for h in hits]
-    if refs is not None and ref:
-        hits = [h.model_copy(update={"ref": ref, "commit": refs.commit(h.source_id, ref) or h.commit})
-                for h in hits]
-    elif refs is not None:  # no ref asked: the default ref when the chunk is in it, else its first indexed ref
-        hits = [h.model_copy(update={"ref": named[0], "commit": named[1]})
-                if (named := refs.attribute(h.source_id, h.refs)) else h for h in hits]
+    if refs is not None:  # the rule of name_ref: overlay refs in refs; the asked ref, else default/first indexed
+        hits = [h.model_copy(update=dict(zip(("refs", "ref", "commit"), name_ref(
+            refs, ref, h.source_id, h._chunk_id, h.refs, h.ref, h.commit), strict=True))) for h in hits]
     return SearchResponse(query=req.query, mode=mode, hits=hits, notice=notice, group_by=req.group_by,
                           scope=SearchScope(agent_name=scope.agent_name, context_ids=None if scope.context_ids is None
                                             else list(scope.context_ids)),

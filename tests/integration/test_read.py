@@ -321,3 +321,67 @@ def test_a_source_with_many_refs_over_the_api(api: dict[str, Any]) -> None:  # n
                   headers=key).status_code == 404
     assert paths(None) == [("lib.py", "main", main)]
     assert paths("v1.0") == [("lib.py", "v1.0", main)]
+
+
+def test_read_names_the_ref_and_commit_search_names(api: dict[str, Any]) -> None:  # noqa: F811
+    """Hostile review M1 on both profiles: ``read`` (REST and MCP) names the ref and commit a search hit names
+    (:func:`scopekb.search.name_ref`), not the ref stored on the chunk, which can be a deleted branch: release/3
+    made from release/2, release/2 deleted, r2.txt read without ref names release/3 at its commit; with ``ref``,
+    that ref, and 404 for a ref that does not hold the blob or is not indexed."""
+    import anyio
+
+    from scopekb.auth import ApiKey
+    from scopekb_query.mcp_server import build_mcp_server
+
+    c, rt, repo = api["client"], api["rt"], api["repo"]
+    main = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "-b", "release/2")
+    (repo / "r2.txt").write_text("release_two_marker line\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "r2")
+    git(repo, "checkout", "-q", "main")
+    src = c.post("/v1/sources", json={"agent_name": "rel", "context_id": "c", "repo_url": str(repo), "ref": "main",
+                                      "refs": ["main", "release/*"]}).json()
+    run_sync(rt.sync_deps(), "rel-" + uuid.uuid4().hex[:8], [src["id"]], trigger="cli")
+    git(repo, "branch", "-q", "release/3", "release/2")
+    git(repo, "branch", "-q", "-D", "release/2")
+    git(repo, "checkout", "-q", "release/3")
+    (repo / "r3.txt").write_text("only in three\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "r3")
+    r3 = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "main")
+    job = run_sync(rt.sync_deps(), "rel-" + uuid.uuid4().hex[:8], [src["id"]], trigger="cli")
+    assert job.ref_commits == {"main": main, "release/3": r3}, job
+    rt.chunks.refresh()
+    made = c.post("/v1/keys", json={"agent_name": "rel", "context_ids": ["c"]}).json()
+    key = {"Authorization": "Bearer " + made["key"]}
+    hits = c.post("/v1/search", json={"query": "release_two_marker"}, headers=key).json()["hits"]
+    assert [(h["path"], h["ref"], h["commit"]) for h in hits] == [("r2.txt", "release/3", r3)], hits
+    blob = hits[0]["blob_sha"]
+    q = {"path": "r2.txt", "blob_sha": blob}
+    r = c.get("/v1/read", params=q, headers=key)
+    assert r.status_code == 200 and (r.json()["ref"], r.json()["commit"]) == ("release/3", r3), r.text
+    assert c.post("/v1/search", json={"query": "x", "ref": r.json()["ref"]}, headers=key).status_code == 200
+    r = c.get("/v1/read", params={**q, "ref": "release/3"}, headers=key)
+    assert r.status_code == 200 and (r.json()["ref"], r.json()["commit"]) == ("release/3", r3), r.text
+    r = c.get("/v1/read", params={**q, "ref": r3[:12]}, headers=key)  # an indexed head commit means its ref
+    assert r.status_code == 200 and r.json()["ref"] == "release/3", r.text
+    lib = git(repo, "rev-parse", "main:lib.py").strip()  # in both refs: the default ref, unless one is asked
+    r = c.get("/v1/read", params={"path": "lib.py", "blob_sha": lib}, headers=key)
+    assert (r.json()["ref"], r.json()["commit"]) == ("main", main), r.text
+    r = c.get("/v1/read", params={"path": "lib.py", "blob_sha": lib, "ref": "release/3"}, headers=key)
+    assert (r.json()["ref"], r.json()["commit"]) == ("release/3", r3), r.text
+    for ref in ("main", "release/2"):  # main does not hold r2.txt; release/2 is gone
+        r = c.get("/v1/read", params={**q, "ref": ref}, headers=key)
+        assert r.status_code == 404, (ref, r.text)
+    server = build_mcp_server(rt, lambda _ctx: ApiKey(id="k", agent_name="rel", context_ids=["c"], key_hash=""))
+
+    async def call(args: dict[str, Any]) -> str:
+        res = await server.call_tool("read", args)
+        return "".join(getattr(b, "text", "") for b in getattr(res, "content", []))
+
+    head = anyio.run(call, q).split("\n")[0]
+    assert f"@release/3 commit {r3[:12]}" in head, head
+    head = anyio.run(call, {"path": "lib.py", "blob_sha": lib, "ref": "release/3"}).split("\n")[0]
+    assert f"@release/3 commit {r3[:12]}" in head, head

@@ -27,6 +27,8 @@ def read(c: CallerDep, rt: Rt,
          end_line: Annotated[str | None, Query(description="last line, inclusive (an integer); default: the last")
                              ] = None,
          repo: Annotated[str | None, Query(description="only a blob of this repository")] = None,
+         ref: Annotated[str | None, Query(description="only the blob as this branch, tag or indexed head commit "
+                                                      "holds it (the ref the answer names)")] = None,
          context_id: str | None = None, cross_context: str = "false",
          format: Annotated[str, Query(description="json or raw")] = "json") -> Any:
     """Exactly lines ``start_line..end_line`` of the blob a search hit names, from the blob store, as the blob
@@ -42,12 +44,13 @@ def read(c: CallerDep, rt: Rt,
         raise HTTPException(422, "format: Input should be 'json' or 'raw'")
     try:
         args = {"path": path, "blob_sha": blob_sha, "start_line": start_line, "end_line": end_line, "repo": repo,
-                "context_id": context_id, "cross_context": cross_context}
+                "ref": ref, "context_id": context_id, "cross_context": cross_context}
         req = ReadRequest.model_validate({k: v for k, v in args.items() if v is not None})  # absent: "required"
     except ValidationError as e:
         raise HTTPException(422, validation_message(e.errors(include_url=False))) from None
     scope = resolve_scope(c.key, req.context_id, req.cross_context)  # Refused (401/403/400) -> its status
-    res = read_lines(rt.chunks, rt.blobs, scope, req)  # NotFound 404, Refused 422
+    res = read_lines(rt.chunks, rt.blobs, scope, req, rt.records,  # NotFound 404, Refused 422/409
+                     rt.settings.query.revocation_bound_s)
     if format == "raw":
         return Response(result_bytes(res), media_type="application/octet-stream")
     return res

@@ -189,9 +189,10 @@ class ChunkStore(Protocol):
 
     def source_stats(self, source_id: str) -> dict[str, int]: ...
 
-    def find_blob(self, scope: ScopeFilter, path: str, blob_sha: str, repo: str | None = None) -> dict[str, Any] | None:
-        """Stored fields (no content, no vector) of one chunk of ``path`` at ``blob_sha`` within ``scope`` (and
-        ``repo`` when given), or None when the scope holds none: the scope check of ``read``."""
+    def find_blob(self, flt: SearchFilter, path: str, blob_sha: str) -> dict[str, Any] | None:
+        """Stored fields (no content, no vector) of one chunk of ``path`` at ``blob_sha`` within ``flt`` (its scope
+        always; its ``repo``, ``source_id``, ``ref`` with ``overlays`` when set), with the chunk's id under
+        ``"_id"``, or None when there is none: the scope check of ``read``."""
         ...
 
     def refresh(self) -> None: ...

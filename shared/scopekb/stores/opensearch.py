@@ -868,13 +868,13 @@ class OpenSearchChunkStore:
         return {"documents": int(res["aggregations"]["docs"]["value"]),
                 "chunks": int(res["hits"]["total"]["value"])}
 
-    def find_blob(self, scope: ScopeFilter, path: str, blob_sha: str, repo: str | None = None) -> dict[str, Any] | None:
-        """Stored fields (without content and vector) of one chunk of ``path`` at ``blob_sha`` within ``scope``
-        (and ``repo``), or None. Among several (refs, sources, contexts), the most recently indexed one."""
-        flt = [*scope_clauses(scope), {"term": {F.PATH: path}}, {"term": {F.BLOB_SHA: blob_sha}}]
-        if repo:
-            flt.append({"term": {F.REPO: repo}})
-        body = {"size": 1, "query": {"bool": {"filter": flt}}, "sort": [{F.INDEXED_AT: "desc"}, {F.SOURCE_ID: "asc"}],
+    def find_blob(self, flt: SearchFilter, path: str, blob_sha: str) -> dict[str, Any] | None:
+        """Stored fields (without content and vector) of one chunk of ``path`` at ``blob_sha`` within ``flt`` (its
+        scope, and its repo/source/ref when set), plus its id under ``"_id"``, or None. Among several (refs,
+        sources, contexts), the most recently indexed one."""
+        body = {"size": 1, "query": {"bool": {"filter": [*filter_clauses(flt), {"term": {F.PATH: path}},
+                                                         {"term": {F.BLOB_SHA: blob_sha}}]}},
+                "sort": [{F.INDEXED_AT: "desc"}, {F.SOURCE_ID: "asc"}],
                 "_source": {"excludes": [F.EMBEDDING, F.CONTENT]}}
         try:
             res = self.client.search(index=self.alias, body=body)
@@ -883,7 +883,7 @@ class OpenSearchChunkStore:
         except TransportError as e:
             raise self._search_failure(e) from e
         hits = res["hits"]["hits"]
-        return dict(hits[0]["_source"]) if hits else None
+        return {**hits[0]["_source"], "_id": hits[0]["_id"]} if hits else None
 
     def keyword_search(self, query: str, flt: SearchFilter, size: int, offset: int = 0,
                        boosts: tuple[float, ...] | None = None) -> list[RawHit]:

@@ -23,7 +23,6 @@ from scopekb.stores.base import (
     BulkReport,
     RawHit,
     RefOverlay,
-    ScopeFilter,
     SearchFilter,
     StoreVersionMismatch,
     SymbolQuery,
@@ -722,15 +721,16 @@ class SqliteChunkStore:
                                         (source_id,)).fetchone()
         return {"documents": int(docs), "chunks": int(chunks)}
 
-    def find_blob(self, scope: ScopeFilter, path: str, blob_sha: str, repo: str | None = None) -> dict[str, Any] | None:
-        """Stored fields (without content and vector) of one chunk of ``path`` at ``blob_sha`` within ``scope``
-        (and ``repo``), or None. Among several (refs, sources, contexts), the most recently indexed one."""
-        where, args = _filter_sql(SearchFilter(scope=scope, repo=repo))
+    def find_blob(self, flt: SearchFilter, path: str, blob_sha: str) -> dict[str, Any] | None:
+        """Stored fields (without content and vector) of one chunk of ``path`` at ``blob_sha`` within ``flt`` (its
+        scope, and its repo/source/ref when set), plus its id under ``"_id"``, or None. Among several (refs,
+        sources, contexts), the most recently indexed one."""
+        where, args = _filter_sql(flt)
         with self._db.read() as conn:
             if not self._readable(conn):
                 return None
             row = conn.execute(
-                "SELECT d.doc FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid"
+                "SELECT d.doc, c.id FROM chunks c JOIN chunk_docs d ON d.rowid = c.rowid"
                 f" WHERE {where} AND c.path = ? AND json_extract(d.doc, '$.blob_sha') = ?"
                 " ORDER BY json_extract(d.doc, '$.indexed_at') DESC, c.source_id LIMIT 1",
                 [*args, path, blob_sha]).fetchone()
@@ -738,6 +738,7 @@ class SqliteChunkStore:
             return None
         doc = json.loads(row[0])
         doc.pop(F.CONTENT, None)
+        doc["_id"] = row[1]
         return dict(doc)
 
     def count(self, flt: SearchFilter | None = None) -> int:
