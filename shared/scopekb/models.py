@@ -547,6 +547,10 @@ class SearchResponse(BaseModel):
     notice: str | None = Field(default=None, description="set when the answer was degraded, e.g. keyword only")
     group_by: Literal["chunk", "file"] = "chunk"
     scope: SearchScope | None = None
+    #: Set (to ``query.max_results_cap``) when ``notice`` says more chunks match than the results (exact/regex
+    #: search, :func:`scopekb.render.more_match_note`), so the text answer counts the results its text shows
+    #: (hostile review L5). Not serialised.
+    _more_match_cap: int | None = PrivateAttr(default=None)
 
 
 class JobStage(StrEnum):

@@ -331,12 +331,27 @@ def render_text(resp: SearchResponse, max_tokens: int | None = None, counter: Co
         return _fit(lambda q: summary_line(resp, q), max_tokens, counter)
     blocks = _blocks(resp)
     nonce = fence_nonce([resp.query, *(ln for b in blocks for ln in b.head), *(h.content for h in resp.hits)])
-    tail = [f"Note: {one_line(resp.notice)}"] if resp.notice else []
+
+    def tail(shown: int) -> list[str]:  # the Note line; a more-match note counts the results the text shows
+        if resp._more_match_cap is not None:
+            return [f"Note: {more_match_note(len(resp.hits), shown, resp._more_match_cap)}"]
+        return [f"Note: {one_line(resp.notice)}"] if resp.notice else []
+
     summary = summary_line(resp) if resp.scope is not None else None
-    whole = _assemble(summary, [(b, len(b.lines)) for b in blocks], nonce, tail)
+    whole = _assemble(summary, [(b, len(b.lines)) for b in blocks], nonce, tail(len(blocks)))
     if max_tokens is None or (counter := counter or _fallback_counter()).count(whole) <= max_tokens:
         return whole
     return _pack(resp, blocks, nonce, tail, max_tokens, counter)
+
+
+def more_match_note(found: int, shown: int, cap: int) -> str:
+    """The notice of an exact/regex search that stopped at ``max_results`` (hostile review L5): ``found`` results
+    returned (files when grouped by file), ``shown`` of them in a text answer within its token budget, ``cap``
+    the largest ``max_results`` (``query.max_results_cap``)."""
+    text = f"more chunks match than the {found} result{'s' if found != 1 else ''} found (in path order)"
+    if shown < found:
+        text += f", {shown} of them shown within the token budget"
+    return text + f"; raise max_results (at most {cap}) or narrow with file_patterns"
 
 
 def _fit(make: Callable[[int], str], max_tokens: int | None, counter: Counter | None) -> str:
@@ -374,7 +389,7 @@ def _budget_line(max_tokens: int, counter: Counter, omitted: list[_Block]) -> st
     return text + "."
 
 
-def _pack(resp: SearchResponse, blocks: list[_Block], nonce: str, tail: list[str], max_tokens: int,
+def _pack(resp: SearchResponse, blocks: list[_Block], nonce: str, tail: Callable[[int], list[str]], max_tokens: int,
           counter: Counter) -> str:
     """Greedy packing, best first, verified against the whole text's count (see :func:`render_text`).
 
@@ -412,7 +427,7 @@ def _pack(resp: SearchResponse, blocks: list[_Block], nonce: str, tail: list[str
         done = {b.n for b, _ in kept}
         omitted = [b for b in blocks if b.n not in done]
         budget = [_budget_line(max_tokens, counter, omitted)] if stop else []
-        text = _assemble(summary, kept, nonce, [*tail, *budget])
+        text = _assemble(summary, kept, nonce, [*tail(len(kept)), *budget])
         total = counter.count(text)
         if total <= max_tokens and kept:
             return text
@@ -423,8 +438,8 @@ def _pack(resp: SearchResponse, blocks: list[_Block], nonce: str, tail: list[str
     return _first_only(resp, blocks[0], len(blocks) - 1, nonce, tail, max_tokens, counter)
 
 
-def _first_only(resp: SearchResponse, first: _Block, rest: int, nonce: str, tail: list[str], max_tokens: int,
-                counter: Counter) -> str:
+def _first_only(resp: SearchResponse, first: _Block, rest: int, nonce: str, tail: Callable[[int], list[str]],
+                max_tokens: int, counter: Counter) -> str:
     """The answer of a budget too small for the full packing (hostile review 2, H8: at ``max_tokens`` 100 no
     result was shown): the first result alone with its header line only (no ``why:``/``also`` lines) and as many
     of its lines as fit, the other results counted on a short ``Budget:`` line; the summary's query echo, the
@@ -438,13 +453,14 @@ def _first_only(resp: SearchResponse, first: _Block, rest: int, nonce: str, tail
     unshown = (f"[{first.n}] lines {int(h.start_line)}-{int(h.end_line)} not shown: over the token budget "
                "(read them by path and blob)")
 
-    def text(query_chars: int | None, notes: list[str], keep: int) -> str:
+    def text(query_chars: int | None, note: bool, keep: int) -> str:
         summary = summary_line(resp, query_chars) if resp.scope is not None and query_chars is not None else None
+        notes = tail(1 if keep else 0) if note else []
         if keep:
             return _assemble(summary, [(head, keep)], nonce, [*notes, budget])
         return "\n\n".join([*([summary] if summary else []), "\n".join([*head.head, unshown]), *notes, budget])
 
-    tries: list[tuple[int | None, list[str]]] = [(200, tail), (30, tail), (0, tail), (0, []), (None, [])]
+    tries: list[tuple[int | None, bool]] = [(200, True), (30, True), (0, True), (0, False), (None, False)]
     for q, notes in tries:
         if counter.count(text(q, notes, 1)) > max_tokens:
             continue
@@ -459,7 +475,7 @@ def _first_only(resp: SearchResponse, first: _Block, rest: int, nonce: str, tail
     for q, notes in tries:
         if counter.count(text(q, notes, 0)) <= max_tokens:
             return text(q, notes, 0)
-    need = counter.count(text(None, [], 1))
+    need = counter.count(text(None, False, 1))
     return _fit(lambda q: f"Budget: {int(max_tokens)} tokens is too small to show a result: the first one's header "
                           f"and first line need {need}; ask again with max_tokens of at least {need}.", max_tokens,
                 counter)

@@ -27,7 +27,7 @@ from scopekb.models import (
 )
 from scopekb.patterns import PatternRefused, compile_globs
 from scopekb.refs import RefIndex, ref_states
-from scopekb.render import render_text
+from scopekb.render import more_match_note, render_text
 from scopekb.settings import QuerySettings
 from scopekb.stores.base import (
     ChunkStore,
@@ -61,6 +61,9 @@ def best_mode(store: ChunkStore, embed: QueryEmbedder | None) -> SearchMode:
     configured, else ``keyword`` (the default of the MCP ``search`` tool and the CLI)."""
     return SearchMode.hybrid if embed is not None and store.dimension else SearchMode.keyword
 
+
+#: The notice an exact/regex search gives when more chunks match than it returns (worded by :func:`run_search`).
+MORE_MATCH = "more chunks match"
 
 #: (id of the record store, agent, contexts) -> (monotonic time read, pinned refs); see :func:`_pinned_refs`.
 _PINNED: dict[tuple[int, str, tuple[str, ...] | None], tuple[float, tuple[str, ...]]] = {}
@@ -218,10 +221,16 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     if refs is not None:  # the rule of name_ref: overlay refs in refs; the asked ref, else default/first indexed
         hits = [h.model_copy(update=dict(zip(("refs", "ref", "commit"), name_ref(
             refs, ref, h.source_id, h._chunk_id, h.refs, h.ref, h.commit), strict=True))) for h in hits]
-    return SearchResponse(query=req.query, mode=mode, hits=hits, notice=notice, group_by=req.group_by,
+    more = notice == MORE_MATCH
+    if more:  # counted after grouping: the files (or chunks) returned, not the chunks verified
+        notice = more_match_note(len(hits), len(hits), cfg.max_results_cap)
+    resp = SearchResponse(query=req.query, mode=mode, hits=hits, notice=notice, group_by=req.group_by,
                           scope=SearchScope(agent_name=scope.agent_name, context_ids=None if scope.context_ids is None
                                             else list(scope.context_ids)),
                           took_ms=round((time.perf_counter() - t0) * 1000, 2))
+    if more:
+        resp._more_match_cap = cfg.max_results_cap
+    return resp
 
 
 def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg: QuerySettings, size: int,
@@ -353,8 +362,7 @@ def _line_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg: 
                 break
     if len(hits) > size:
         hits = hits[:size]
-        notice = notice or (f"more chunks match than the {size} shown (in path order); raise max_results (at most "
-                            f"{cfg.max_results_cap}) or narrow with file_patterns")
+        notice = notice or MORE_MATCH  # worded by run_search with the count of results it returns
     return hits, notice
 
 

@@ -350,4 +350,22 @@ def test_limits_and_refusals_over_rest(indexed: dict[str, Any]) -> None:
     few = run_search(indexed["rt"].chunks, SearchRequest(query="self", mode=SearchMode.exact, max_results=3),
                      ScopeFilter(AGENT, (CONTEXT,)), CFG)
     assert [h.path for h in few.hits] == [h.path for h in more.hits[:3]] and "max_results" in (few.notice or "")
+    assert "than the 3 results found" in (few.notice or ""), few.notice
+    # Hostile review L5: the Note counts the results returned (files when grouped), and in a text answer the ones
+    # its text shows, never the chunks verified ("more chunks match than the 4 shown" with 0 shown).
+    body = {"query": "self", "mode": "regex", "group_by": "file", "max_results": 1}
+    one = c.post("/v1/search", json=body).json()
+    assert len(one["hits"]) == 1 and "than the 1 result found (in path order);" in one["notice"], one["notice"]
+    for budget in (None, 300, 100):
+        r = c.post("/v1/search?format=text", json={**body, **({"max_tokens": budget} if budget else {})})
+        assert r.status_code == 200, r.text
+        notes = [ln for ln in r.text.splitlines() if ln.startswith("Note: ")]
+        assert len(notes) <= 1 and "4 shown" not in r.text, r.text
+        if budget is None:
+            assert notes == ["Note: " + one["notice"]], r.text
+        elif notes:
+            fenced = sum(ln.startswith("<<<chunk-") for ln in r.text.splitlines())
+            assert "than the 1 result found" in notes[0], notes
+            assert (f", {fenced} of them shown within the token budget" in notes[0]) == (fenced < 1), r.text
+
     assert [h.path for h in more.hits] == sorted(h.path for h in more.hits)

@@ -25,7 +25,7 @@ from scopekb.models import (
     SearchResponse,
     SearchScope,
 )
-from scopekb.render import render_text
+from scopekb.render import more_match_note, render_text
 from scopekb.search import group_by_file
 
 
@@ -95,3 +95,21 @@ def test_context_id_follows_the_scope_rule_in_every_request(bad: str) -> None:
         with pytest.raises(ValidationError, match="context_id"):
             make()
     assert SearchRequest(query="q", context_id="ctx-1").context_id == "ctx-1"
+
+
+@given(st.integers(MIN_ANSWER_TOKENS, 1500), st.integers(1, 6), st.integers(1, 40))
+def test_a_more_match_note_counts_the_results_the_text_shows(budget: int, n: int, lines: int) -> None:
+    """Hostile review L5: an exact/regex answer cut at max_results says how many results it found and, when the
+    token budget leaves some out, how many the text shows (it said "than the 4 shown" with none shown)."""
+    counter = EstimateCounter()
+    resp = answer([hit(i, lines=lines) for i in range(n)])
+    resp.notice = more_match_note(n, n, 100)
+    resp._more_match_cap = 100
+    assert render_text(resp, None, counter).count(f"Note: {resp.notice}") == 1
+    text = render_text(resp, budget, counter)
+    notes = [ln for ln in text.splitlines() if ln.startswith("Note: ")]
+    assert len(notes) <= 1
+    if notes:
+        shown = sum(ln.startswith("<<<chunk-") for ln in text.splitlines())
+        assert f"than the {n} result{'s' if n != 1 else ''} found" in notes[0], text
+        assert (f", {shown} of them shown within the token budget" in notes[0]) == (shown < n), text
