@@ -242,8 +242,9 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
                                rt.counter)
         except CommitNotIndexed as e:  # pin it (issue 23) and say what to wait for
             pin = ops.pin_commit(rt, scope, e.commit, req.source_id, req.repo)
-            return (f"Commit {field(pin['ref'])} is being indexed (job {field(pin['job_id'])}); search again "
-                    "in a few seconds.")
+            tagged = "" if pin["ref"] == e.commit else " (the commit the annotated tag asked for tags)"
+            return (f"Commit {field(pin['ref'])}{tagged} is being indexed (job {field(pin['job_id'])}); search "
+                    f"again with ref {field(pin['ref'])} in a few seconds.")
 
     modes = "; ".join(f"{k}: {v}" for k, v in SEARCH_MODES.items())
 

@@ -211,12 +211,12 @@ class Mirror:
         return out
 
     def has_commit(self, sha: str | None) -> bool:
-        """True when ``sha`` is a commit present in the mirror."""
+        """True when ``sha`` is a commit present in the mirror (the id of an annotated tag object is not one: its
+        commit is :meth:`resolve`)."""
         if not is_sha(sha):
             return False
         try:
-            self.repo.git.cat_file("-e", f"{sha}^{{commit}}")
-            return True
+            return str(self.repo.git.cat_file("-t", sha)).strip() == "commit"
         except git.GitCommandError:
             return False
 

@@ -447,7 +447,11 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
 
     Raises:
         NotFound: (404) ``commit`` is not a full commit id; no git source of the scope (narrowed by ``source_id``
-            and ``repo``); or the local mirrors of every candidate source lack the commit (another repository's).
+            and ``repo``); or the local mirrors of every candidate source lack the commit (another repository's,
+            a tree or blob id, or one pushed since the source's last sync: the message says a sync fetches it).
+
+    The id of an annotated tag object is pinned as the commit it tags (``<id>^{commit}``), and the answer's
+    ``ref`` is that commit: search with it.
         Refused: (422) several sources may hold it and none is named; (429) the source already holds
             ``git.max_pins_per_source`` pins.
     """
@@ -466,6 +470,7 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
             return {"status": "pinning", "ref": commit, "source_id": src.id, "job_id": st.get("job_id"),
                     "expires_at": st.get("expires_at")}
     holding, unknown = [], []
+    peeled: dict[str, str] = {}  # source id -> the commit `commit` names there (an annotated tag: its commit)
     for src in sources:
         where = mirror_path(git_cache_dir(rt.settings), src.repo_url)
         if not where.exists():
@@ -473,8 +478,11 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
             continue
         mirror = Mirror(git_cache_dir(rt.settings), src.repo_url, allow_local=rt.settings.git.allow_local_paths)
         try:
-            if mirror.has_commit(commit):
+            # `<id>^{commit}` (hostile review L2): a commit is itself, an annotated tag object its commit; a tree
+            # or blob id is none, as is an id the mirror lacks
+            if (named := mirror.resolve(commit)) is not None:
                 holding.append(src)
+                peeled[src.id] = named
         finally:
             mirror.close()
     # a source with an indexed tracked ref first (the pin diffs from it and belongs with it), never one that tracks
@@ -482,11 +490,16 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
     holding.sort(key=lambda s: not any(st.get("commit") and not st.get("pinned")
                                        for st in ref_states(rt.records, s).values()))
     chosen = holding[:1] or unknown
-    if not chosen:
-        raise NotFound(f"commit {commit} is not in the repository of any source of this scope")
+    if not chosen:  # hostile review L1: only the local mirrors were asked, as of each source's last fetch
+        raise NotFound(f"commit {commit} is not in the repository of any source of this scope as last fetched "
+                       "(no commit there, or not fetched yet): a commit pushed since is fetched by a sync of its "
+                       "source (POST /v1/sources/{id}/sync, the MCP index tool, or the push's webhook); search "
+                       "again when that job is done")
     if len(chosen) > 1:
         raise Refused("several sources may hold that commit; name source_id or repo to pin it", 422)
     src = chosen[0]
+    if peeled.get(src.id, commit) != commit:  # an annotated tag's id: pin (and name) the commit it tags
+        return pin_commit(rt, scope, peeled[src.id], src.id)
     now = utcnow()
     job_id = f"pin-{commit[:12]}-{uuid.uuid4().hex[:8]}"
     expires = (now + timedelta(seconds=rt.settings.git.pin_ttl_s)).isoformat()

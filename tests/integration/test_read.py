@@ -245,7 +245,22 @@ def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -
     git(repo, "commit", "-q", "-m", "side")
     side = git(repo, "rev-parse", "HEAD").strip()
     git(repo, "checkout", "-q", "main")
+    git(repo, "tag", "-a", "-m", "annotated", "v0-annotated", parent)
+    tag = git(repo, "rev-parse", "v0-annotated").strip()
+    assert tag != parent
+    # a commit pushed since the last sync (hostile review L1): 404 saying a sync of the source fetches it
+    late = c.post("/v1/search", json={"query": "x", "ref": side}, headers=mine)
+    assert late.status_code == 404 and "sync of its source" in late.json()["detail"], late.text
     run_sync(api["rt"].sync_deps(), "side-" + uuid.uuid4().hex[:6], [src_id], trigger="cli")
+    # an annotated tag object's id (hostile review L2) pins the commit it tags, and the answer names that commit
+    by_tag = c.post("/v1/search", json={"query": "profiles_marker_function", "ref": tag}, headers=mine)
+    assert by_tag.status_code == 202 and by_tag.json()["ref"] == parent, by_tag.text
+    assert by_tag.json()["source_id"] == src_id, by_tag.text
+    r = c.post("/v1/search", json={"query": "profiles_marker_function", "ref": parent}, headers=mine)
+    assert r.status_code == 200 and {h["commit"] for h in r.json()["hits"]} == {parent}, r.text
+    for obj in (f"{parent}^{{tree}}", f"{parent}:lib.py"):  # a tree or blob id stays 404
+        r = c.post("/v1/search", json={"query": "x", "ref": git(repo, "rev-parse", obj).strip()}, headers=mine)
+        assert r.status_code == 404, (obj, r.text)
     api["rt"].settings.git.max_pins_per_source = 1
     limited = c.post("/v1/search", json={"query": "x", "ref": side}, headers=mine)
     assert limited.status_code == 429 and "git.max_pins_per_source=1" in limited.json()["detail"], limited.text
