@@ -51,7 +51,9 @@ def validate_repo_url(url: str, allow_local: bool = False, host_allowlist: Itera
         raise InvalidRepoUrl("git remote helpers (ext::, fd::, ...) are not allowed")
     if url.startswith("/") or url.startswith("file://"):
         if not allow_local:
-            raise InvalidRepoUrl("local paths are only allowed in embedded mode (git.allow_local_paths)")
+            raise InvalidRepoUrl("local paths are only allowed in embedded mode, or with "
+                                 "SCOPEKB_GIT__ALLOW_LOCAL_PATHS=true (git.allow_local_paths) set for the ingester "
+                                 "and for the workers, which clone the path too")
         p = Path(url.removeprefix("file://"))
         if not ((p / ".git").exists() or (p / "HEAD").exists()):
             raise InvalidRepoUrl(f"{p} is not a git repository")

@@ -55,6 +55,8 @@ def test_allowlist_and_local_paths(tmp_path) -> None:
     assert validate_repo_url(str(tmp_path), allow_local=True) == str(tmp_path)
     with pytest.raises(InvalidRepoUrl):
         validate_repo_url(str(tmp_path / "nope"), allow_local=True)
+    with pytest.raises(InvalidRepoUrl, match="SCOPEKB_GIT__ALLOW_LOCAL_PATHS=true .*workers"):
+        validate_repo_url(str(tmp_path))  # names the variable to set, and that the workers need it too
 
 
 def test_normalise_repo_equivalences() -> None:
