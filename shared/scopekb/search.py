@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,7 +49,7 @@ QueryEmbedder = Callable[[str], Sequence[float]]
 
 
 __all__ = ["QueryEmbedder", "SearchUnavailable", "best_mode", "forget_pinned", "group_by_file", "render_text",
-           "run_search"]
+           "run_search", "vector_problem"]
 
 
 class SearchUnavailable(Refused, ValueError):
@@ -57,9 +58,50 @@ class SearchUnavailable(Refused, ValueError):
 
 
 def best_mode(store: ChunkStore, embed: QueryEmbedder | None) -> SearchMode:
-    """The best mode this index supports: ``hybrid`` when the index holds vectors and a query embedder is
-    configured, else ``keyword`` (the default of the MCP ``search`` tool and the CLI)."""
-    return SearchMode.hybrid if embed is not None and store.dimension else SearchMode.keyword
+    """The best mode this index supports: ``hybrid`` when a query embedder is configured and the live index holds
+    vectors (:func:`vector_problem`), else ``keyword`` (the default of the MCP ``search`` tool and
+    the CLI)."""
+    return SearchMode.keyword if vector_problem(store, embed, SearchMode.hybrid) else SearchMode.hybrid
+
+
+#: How long (seconds) what the live index holds (:func:`_live_dimension`) is trusted before it is read again: a
+#: ``scopekb reindex`` that adds vectors is seen by a running query service within this time, with no restart.
+LIVE_DIMENSION_MAX_AGE_S = 30.0
+
+#: chunk store -> (monotonic time read, dimension the live index holds); weak keys: a store that is gone drops out.
+_LIVE_DIM: weakref.WeakKeyDictionary[Any, tuple[float, int | None]] = weakref.WeakKeyDictionary()
+
+
+def _live_dimension(store: ChunkStore) -> int | None:
+    """The embedding dimension the live index holds (:meth:`ChunkStore.index_dimension`: its mapping or SQLite
+    meta, not the settings), read once and cached per store object for :data:`LIVE_DIMENSION_MAX_AGE_S`."""
+    now = time.monotonic()
+    with _PINNED_LOCK:
+        got = _LIVE_DIM.get(store)
+    if got is not None and now - got[0] < LIVE_DIMENSION_MAX_AGE_S:
+        return got[1]
+    dim = store.index_dimension()
+    with _PINNED_LOCK:
+        _LIVE_DIM[store] = (now, dim)
+    return dim
+
+
+def vector_problem(store: ChunkStore, embed: QueryEmbedder | None, mode: SearchMode) -> str | None:
+    """Why ``mode`` (``vector``/``hybrid``) cannot run on this index, or None when it can (always None for other
+    modes). The one place search decides it, on what the live index holds (:func:`_live_dimension`), not only on
+    the configured provider: an index built keyword-only (``scopekb-chunks-v7-kw``, or a SQLite index without
+    vectors) answers no kNN even when ``SCOPEKB_EMBEDDING__PROVIDER`` is set now."""
+    if mode not in (SearchMode.vector, SearchMode.hybrid):
+        return None
+    if embed is None or not store.dimension:
+        return (f"mode {mode.value!r} needs an embedding model; this index is keyword-only (use mode 'keyword', "
+                "or set SCOPEKB_EMBEDDING__PROVIDER and run `scopekb reindex` to add vectors)")
+    live = _live_dimension(store)
+    if not live:
+        return (f"mode {mode.value!r} needs vectors, but this index is keyword-only: it was built without an "
+                "embedding provider (use mode 'keyword', or add vectors with `scopekb reindex` run with the "
+                "embedding provider set, e.g. SCOPEKB_EMBEDDING__PROVIDER=local)")
+    return None  # vectors of another model: the search answers by keyword with a notice (StoreVersionMismatch)
 
 
 #: The notice an exact/regex search gives when more chunks match than it returns (worded by :func:`run_search`).
@@ -183,7 +225,8 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     filters apply in every mode.
 
     Raises:
-        SearchUnavailable: ``vector``/``hybrid`` asked for while no embedder is configured, a file pattern or a
+        SearchUnavailable: ``vector``/``hybrid`` asked for while no embedder is configured or the live index holds
+            no vectors of its dimension (:func:`vector_problem`: names ``scopekb reindex``), a file pattern or a
             regex over a limit of ``cfg`` (:mod:`scopekb.patterns`, :mod:`scopekb.textsearch`), or a regex with no
             literal to narrow by over a scope larger than ``cfg.text_scan_max`` chunks.
         scopekb.errors.NotFound: (404) ``req.ref`` is no indexed ref of the scope's sources, nor the head commit
@@ -243,9 +286,9 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
     depth = max(size * cfg.candidate_factor, size)
     docs: dict[str, dict[str, Any]] = {}
     notice = None
-    if req.mode != SearchMode.keyword and (embed is None or not store.dimension):
-        raise SearchUnavailable(f"mode {req.mode.value!r} needs an embedding model; this index is "
-                                "keyword-only (use mode 'keyword')")
+    problem = vector_problem(store, embed, req.mode)
+    if problem:
+        raise SearchUnavailable(problem)
     vh: list[RawHit] = []
     kw: list[RawHit] = []
     both = getattr(store, "hybrid_search", None) if req.mode == SearchMode.hybrid else None

@@ -57,6 +57,9 @@ class _Store:
 
     dimension = 4
 
+    def index_dimension(self) -> int:  # the live index holds vectors of this dimension
+        return self.dimension
+
     def __init__(self) -> None:
         self.boosts: list[Any] = []
 

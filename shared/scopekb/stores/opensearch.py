@@ -452,6 +452,24 @@ class OpenSearchChunkStore:
         names = sorted(k for k, v in res.items() if isinstance(v, dict))
         return names[-1] if names else None
 
+    def index_dimension(self) -> int | None:
+        """The embedding dimension the index behind the alias was built with, from its mapping (``_meta.dimension``
+        as :func:`scopekb.fields.chunk_mapping` writes it, else the ``embedding`` field's ``dimension``): what the
+        live index holds, whatever this store was configured with; None for a keyword-only index (``...-kw``).
+        No index behind the alias yet: this store's own :attr:`dimension` (the index it would create). One
+        ``_alias`` and one ``_mapping`` request; raises what the client raises."""
+        current = self.live_index()
+        if current is None:
+            return self.dimension
+        try:
+            mapping = self.client.indices.get_mapping(index=current)[current]["mappings"]
+        except NotFoundError:  # the alias moved between the two requests
+            return self.dimension
+        dim = mapping.get("_meta", {}).get("dimension")
+        if dim is None:
+            dim = mapping.get("properties", {}).get(F.EMBEDDING, {}).get("dimension")
+        return int(dim) if dim else None
+
     def health(self) -> None:
         """Raise :class:`scopekb.errors.Transient` naming the reason when the cluster cannot serve the chunk index
         now: unreachable within 2 s, no elected cluster manager, or the index red (readiness)."""

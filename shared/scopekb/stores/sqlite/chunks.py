@@ -239,6 +239,18 @@ class SqliteChunkStore:
                 return self.version_name
             return None
 
+    def index_dimension(self) -> int | None:
+        """The embedding dimension the database was built with (``scopekb_meta``): what the index holds, whatever
+        this store was configured with; None for a keyword-only index. A database not built yet: this store's own
+        :attr:`dimension` (the index it would create)."""
+        with self._db.read() as conn:
+            if not table_exists(conn, "scopekb_meta"):
+                return self.dimension
+            row = conn.execute("SELECT value FROM scopekb_meta WHERE key = 'dimension'").fetchone()
+        if row is None:
+            return self.dimension
+        return int(row[0]) if row[0] else None
+
     def health(self) -> None:
         """Raise when the database cannot be read (readiness)."""
         with self._db.read() as conn:

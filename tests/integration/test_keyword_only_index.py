@@ -1,0 +1,83 @@
+"""A keyword-only index searched by a process with an embedding provider configured (README newcomer): the index
+was created without ``SCOPEKB_EMBEDDING__PROVIDER`` (``...-kw``), the query service now runs with
+``SCOPEKB_EMBEDDING__PROVIDER=local``. ``vector``/``hybrid`` must be refused up front (400, naming
+``scopekb reindex``) from what the live index holds - before this, OpenSearch answered
+``search_phase_execution_exception`` (a kNN query on an index without the field) and SQLite silently answered
+hybrid from the keyword list alone - while ``keyword`` still answers. Both profiles, the real local model, the real
+OpenSearch of ``scripts/services``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from scopekb.stores.base import ChunkStore
+from tests.integration.test_store_contract import mkdoc
+from tests.profiles import profile_settings
+
+ADMIN = "kwonly-admin-" + uuid.uuid4().hex
+PROFILES = ["embedded", "distributed"]
+
+
+@pytest.fixture(params=PROFILES)
+def api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A keyword-only index holding one chunk of agent ``kwonly``, and the query app of that profile with the
+    ``local`` embedding provider configured."""
+    from scopekb.runtime import make_client
+    from scopekb.stores.opensearch import OpenSearchChunkStore
+    from scopekb.stores.sqlite import SqliteChunkStore
+    from scopekb_query.app import create_app
+
+    profile = request.param
+    run = f"kwonly-{uuid.uuid4().hex[:8]}"
+    services = {name: request.getfixturevalue(name) for name in ("opensearch_url", "redis_url", "s3_config")
+                } if profile == "distributed" else {}
+    kw = profile_settings(profile, tmp_path, services, run, ADMIN)  # provider "none": keyword-only
+    store: ChunkStore
+    if profile == "embedded":
+        Path(kw.data_dir).mkdir(parents=True)
+        store = SqliteChunkStore(Path(kw.data_dir) / "index.sqlite3")
+    else:
+        store = OpenSearchChunkStore(make_client(kw.opensearch), alias=kw.opensearch.alias)
+    name = store.ensure_index()
+    assert name.endswith("-kw"), name
+    store.bulk_write([mkdoc("kwonly", "c", "src_kwonly", "lib.py", "def kwonly_marker_function():\n    return 1\n",
+                            vector=False)], refresh=True)
+    local = kw.model_copy(update={"embedding": kw.embedding.model_copy(update={"provider": "local"})})
+    app = create_app(local)
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            made = client.post("/v1/keys", json={"agent_name": "kwonly", "context_ids": ["c"], "label": "t"},
+                               headers={"Authorization": f"Bearer {ADMIN}"})
+            assert made.status_code == 201, made.text
+            client.headers["Authorization"] = f"Bearer {made.json()['key']}"
+            assert app.state.runtime.chunks.dimension  # the provider is configured: the process has a model
+            yield {"client": client, "profile": profile}
+    finally:
+        if profile == "distributed":
+            make_client(kw.opensearch).indices.delete(index=f"{run}-*", ignore_unavailable=True)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "vector"])
+def test_vector_modes_on_a_keyword_only_index_are_400_naming_reindex(api: dict[str, Any], mode: str) -> None:
+    r = api["client"].post("/v1/search", json={"query": "kwonly_marker_function", "mode": mode})
+    assert r.status_code == 400, r.text
+    detail = r.json()["detail"]
+    assert "keyword-only" in detail and "scopekb reindex" in detail and "SCOPEKB_EMBEDDING__PROVIDER" in detail, detail
+    assert "search_phase_execution_exception" not in detail
+
+
+def test_keyword_still_answers_and_mcp_default_is_keyword(api: dict[str, Any]) -> None:
+    r = api["client"].post("/v1/search", json={"query": "kwonly_marker_function", "mode": "keyword"})
+    assert r.status_code == 200, r.text
+    assert [h["path"] for h in r.json()["hits"]] == ["lib.py"]
+    from scopekb.search import best_mode
+
+    app_rt = api["client"].app.state.runtime
+    assert best_mode(app_rt.chunks, lambda q: [0.0]).value == "keyword"  # what the MCP tool picks by default
