@@ -385,7 +385,8 @@ def init() -> None:
     placed = rt.chunks.check_placement()
     where = (f" ({placed['shards']} shard(s), {placed['replicas']} replica(s) on {placed['data_nodes']} data "
              f"node(s), {placed['status']})" if "data_nodes" in placed else "")
-    out.print(f"index {name} behind alias {rt.chunks.alias}{where}; system indices ready")
+    alias = f" behind alias {rt.chunks.alias}" if hasattr(rt.chunks, "alias") else ""  # SQLite: no alias
+    out.print(f"index {name}{alias}{where}; system indices ready")
 
 
 @source_app.command("add")

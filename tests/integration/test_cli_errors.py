@@ -80,6 +80,12 @@ def test_embedded_bad_inputs_are_one_line_errors(tmp_path: Path, folder: Path) -
         assert_one_line_error(run(args, env, tmp_path), needle)
 
 
+def test_embedded_init_succeeds(tmp_path: Path) -> None:
+    """``scopekb init`` in the embedded profile (README newcomer: an AttributeError on the SQLite store's alias)."""
+    p = run(["init"], base_env(tmp_path), tmp_path)
+    assert p.returncode == 0 and "system indices ready" in p.stdout and "alias" not in p.stdout, (p.stdout, p.stderr)
+
+
 @pytest.mark.parametrize("breakage", ["data-dir-is-a-file", "data-dir-unwritable", "corrupt-database"])
 def test_embedded_broken_data_folder_is_a_one_line_error(tmp_path: Path, folder: Path, breakage: str) -> None:
     env = base_env(tmp_path)
