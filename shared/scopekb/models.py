@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from scopekb.fields import metadata_text
 from scopekb.patterns import SOURCE_LIMITS, PatternRefused, compile_globs
@@ -60,6 +60,9 @@ class Scope(BaseModel):
 class KeyCreate(BaseModel):
     """A request to create an API key bound to one agent (optionally to some of its contexts); names follow the
     rules of :class:`Scope`."""
+
+    #: an unknown field is a 422 naming it (hostile review L3), never silently dropped
+    model_config = ConfigDict(extra="forbid")
 
     agent_name: str = Field(min_length=1, max_length=200)
     context_ids: list[str] | None = Field(default=None, max_length=1000)
@@ -116,7 +119,12 @@ def ref_name_problem(name: str, glob: bool) -> str | None:
 
 
 class SourceCreate(Scope):
-    """A git repository + ref, or an object-store prefix, bound to one scope (a request to register a source)."""
+    """A git repository + ref, or an object-store prefix, bound to one scope (a request to register a source).
+
+    An unknown field (``secret`` for ``webhook_secret``, ``source``, a typo) is refused, 422 naming it (hostile
+    review L3), rather than dropped; the stored :class:`Source` ignores unknown fields."""
+
+    model_config = ConfigDict(extra="forbid")
 
     kind: Literal["git", "s3"] = Field(default="git", description="git repository or object-store prefix")
     repo_url: str = Field(default="", description="git: https/ssh clone URL, or a local path where allowed")
@@ -198,7 +206,9 @@ class SourceCreate(Scope):
 
 
 class Source(SourceCreate):
-    """A registered source, as stored."""
+    """A registered source, as stored (fields a record holds beyond these are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
 
     id: str
     created_at: datetime = Field(default_factory=utcnow)
@@ -280,7 +290,12 @@ MAX_METADATA_KEYS, MAX_METADATA_VALUES, MAX_METADATA_CHARS = 16, 32, 256
 
 
 class SearchRequest(BaseModel):
-    """A search (REST and MCP share it). The scope's agent comes from the credential, never from here."""
+    """A search (REST and MCP share it). The scope's agent comes from the credential, never from here.
+
+    An unknown field (``agent_name``, ``source``, a typo such as ``max_result`` or ``cross_contexts``) is a 422
+    naming it (hostile review L3): silently dropped, a typo searched without the filter the caller meant."""
+
+    model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, max_length=4096)
     mode: SearchMode = SearchMode.keyword

@@ -140,6 +140,34 @@ def test_keys_search_and_revocation(api: dict[str, Any]) -> None:
     assert c.delete("/v1/keys/key_missing").status_code == 404
 
 
+def test_unknown_request_fields_are_422_naming_them(api: dict[str, Any]) -> None:
+    """Hostile review L3 on both profiles: a search, source or key request with a field the API does not have (a
+    typo, ``secret`` for ``webhook_secret``, a forged ``agent_name``) is refused, 422 naming the field, and
+    nothing is registered; it was silently dropped (a typo'd filter searched without it)."""
+    from scopekb.indexing import run_sync
+
+    c, rt = api["client"], api["rt"]
+    src = _register(api)
+    run_sync(rt.sync_deps(), "prof-" + uuid.uuid4().hex[:8], [src["id"]], trigger="cli")
+    rt.chunks.refresh()
+    agent = {"Authorization": "Bearer " + c.post("/v1/keys", json={"agent_name": "prof"}).json()["key"]}
+    ok = {"query": "profiles_marker_function", "context_id": "c"}
+    assert c.post("/v1/search", json=ok, headers=agent).json()["hits"]
+    for extra in ({"max_result": 1}, {"cross_contexts": True}, {"source": src["id"]}, {"agent_name": "other"}):
+        for fmt in ("json", "text"):
+            r = c.post(f"/v1/search?format={fmt}", json={**ok, **extra}, headers=agent)
+            assert r.status_code == 422 and next(iter(extra)) in r.text and "hits" not in r.text, (extra, r.text)
+    before = [s["id"] for s in c.get("/v1/sources").json()]
+    body = {"agent_name": "prof", "context_id": "d", "repo_url": str(api["repo"]), "ref": "main"}
+    for extra in ({"secret": "s3cr3t"}, {"source_id": "x"}, {"reff": "dev"}):
+        r = c.post("/v1/sources", json={**body, **extra})
+        assert r.status_code == 422 and next(iter(extra)) in r.text, (extra, r.text)
+    assert [s["id"] for s in c.get("/v1/sources").json()] == before
+    r = c.post("/v1/keys", json={"agent_name": "prof", "contexts": ["c"]})
+    assert r.status_code == 422 and "contexts" in r.text, r.text
+    assert c.post("/v1/sources", json=body).status_code == 201  # the same body without the extra field
+
+
 def test_admin_routes_need_the_admin_token(api: dict[str, Any]) -> None:
     c = api["client"]
     assert c.get("/v1/sources", headers={"Authorization": ""}).status_code == 401

@@ -187,6 +187,10 @@ def test_rest_search_never_leaks(world: dict[str, Any], key_id: tuple[str, str],
     if context_id is not None:
         body["context_id"] = context_id
     r = world["client"].post("/v1/search", json=body, headers={"Authorization": f"Bearer {secret}"})
+    if forged_scope := sorted(extra.keys() & {"agent_name", "agent", "scope"}):  # no such field (hostile review L3)
+        assert r.status_code == 422 and forged_scope[0] in r.text and "hits" not in r.text, (body, r.text)
+        event("forged scope field: 422")
+        return
     status, visible = expected_scope(key, context_id, cross)
     if mode != SearchMode.keyword and r.status_code == 400 and status == 200:
         assert "embedding" in r.json()["detail"]  # keyword-only service: refused, nothing returned
@@ -209,8 +213,7 @@ def test_rest_search_never_leaks(world: dict[str, Any], key_id: tuple[str, str],
 def test_each_key_sees_exactly_its_scopes(world: dict[str, Any], key_id: tuple[str, str]) -> None:
     secret, key = world["keys"][key_id]
     r = world["client"].post("/v1/search", headers={"Authorization": f"Bearer {secret}"}, json={
-        "query": " ".join(MARKERS), "cross_context": True, "max_results": 50,
-        "agent_name": "alpha", "context_id": None})
+        "query": " ".join(MARKERS), "cross_context": True, "max_results": 50, "context_id": None})
     assert r.status_code == 200, r.text
     seen = {(h["agent_name"], h["context_id"]) for h in r.json()["hits"]}
     _, visible = expected_scope(key, None, True)
