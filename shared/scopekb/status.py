@@ -24,7 +24,9 @@ def source_status(records: RecordStore, chunks: ChunkStore, src: Source) -> dict
     stats = chunks.source_stats(src.id)
     state = records.get("state", src.id) or {}
     jobs = records.list_jobs(source_id=src.id, size=1)
-    last = jobs[0] if jobs else None
+    # the newest job is found by a search, which on OpenSearch sees the record as of the last refresh (up to a
+    # second old: a job just done still read `running`); a get by id is real-time
+    last = (records.get_job(jobs[0].id) or jobs[0]) if jobs else None
     if last is not None and not last.finished:
         status = "INDEXING"
     elif last is not None and last.state.value == "failed":
