@@ -47,15 +47,18 @@ from scopekb.search import SearchUnavailable, run_search
 from scopekb.settings import get_settings
 from scopekb.stores.base import ScopeFilter
 
+#: Help without typer's Rich panels: they print every plain flag with a value type (``--json <bool>``), as if
+#: ``--json`` took a value (README newcomer); click's own layout prints ``--json`` alone.
+_HELP = {"no_args_is_help": True, "rich_markup_mode": None}
 app = typer.Typer(help="scopekb: push-driven, scoped code and document search for AI agents.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
-source_app = typer.Typer(help="Register, list and remove sources.", no_args_is_help=True)
-key_app = typer.Typer(help="Create, list and revoke agent API keys.", no_args_is_help=True)
+                  pretty_exceptions_enable=False, **_HELP)
+source_app = typer.Typer(help="Register, list and remove sources.", **_HELP)
+key_app = typer.Typer(help="Create, list and revoke agent API keys.", **_HELP)
 app.add_typer(source_app, name="source")
-dl_app = typer.Typer(help="List and replay dead-lettered tasks.", no_args_is_help=True)
+dl_app = typer.Typer(help="List and replay dead-lettered tasks.", **_HELP)
 app.add_typer(key_app, name="key")
 app.add_typer(dl_app, name="deadletters")
-model_app = typer.Typer(help="Prepare the local embedding model (ONNX exports).", no_args_is_help=True)
+model_app = typer.Typer(help="Prepare the local embedding model (ONNX exports).", **_HELP)
 app.add_typer(model_app, name="model")
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -849,19 +852,18 @@ def gc() -> None:
 @app.command()
 def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """The search store's health (OpenSearch: cluster status, nodes, what it cannot serve), then the sources with
-    their indexed commit, documents, chunks and ranking choice (``scopekb eval --tune``; ``--json``: the sources
-    only)."""
-    from scopekb import tuning
-
+    their status, indexed commit, each tracked ref with its indexed commit and lag, documents, chunks and ranking
+    choice (``scopekb eval --tune``; ``--json``: the sources only), as ``GET /v1/sources/{id}`` reports them."""
     rt = _rt()
     health = rt.chunks.cluster_health()
     rows = []
     for src in rt.records.list_sources():
-        st = rt.chunks.source_stats(src.id)
+        rep = ops.source_report(rt, src)  # the action of GET /v1/sources/{id}
         rows.append({"source": src.id, "scope": f"{src.agent_name}/{src.context_id}", "repo": src.repo_name
-                     or src.repo_url, "ref": src.ref, "indexed_commit": rt.records.indexed_commit(src.id),
-                     **st, "ranking": tuning.describe(tuning.get_choice(rt.records, src.agent_name,
-                                                                        src.context_id))})
+                     or src.repo_url, "ref": src.ref, "status": rep["status"],
+                     "indexed_commit": rep["indexed_commit"], "documents": rep["documents"],
+                     "chunks": rep["chunks"], "ranking": rep["ranking"],
+                     "refs": [{k: r[k] for k in ("ref", "commit", "behind", "lag_s", "pinned")} for r in rep["refs"]]})
     if as_json:
         out.print_json(json.dumps(rows))
         return
@@ -871,10 +873,13 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         f"unassigned shard copies: {health['unassigned_shards']}")
     out.print(f"search store: {line}" + (f"; {health['problem']}" if health["problem"] else ""), markup=False,
               highlight=False, soft_wrap=True)
-    t = Table("source", "scope", "repo", "ref", "indexed commit", "documents", "chunks", "ranking")
+    t = Table("source", "scope", "repo", "status", "refs: indexed commit, lag", "documents", "chunks", "ranking")
     for r in rows:
-        _add_row(t, r["source"], r["scope"], str(r["repo"]), r["ref"], (r["indexed_commit"] or "-")[:12],
-                  str(r["documents"]), str(r["chunks"]), r["ranking"])
+        refs = "; ".join(f"{x['ref']} {(x['commit'] or '-')[:12]}" + (
+            f" behind {x['lag_s']:g} s" if x["behind"] else "") + (" pinned" if x["pinned"] else "")
+            for x in r["refs"]) or f"{r['ref']} -"
+        _add_row(t, r["source"], r["scope"], str(r["repo"]), r["status"], refs, str(r["documents"]),
+                 str(r["chunks"]), r["ranking"])
     out.print(t)
     if not rows:
         out.print("No sources yet: `scopekb index PATH` indexes a folder or git repository.")

@@ -157,3 +157,21 @@ def test_embedded_up_starts_without_misleading_warnings(tmp_path: Path) -> None:
     for bad in ("WARNING", "superuser", "worker_startup_check", "broker visibility_timeout", "No hostname",
                 "maxmemory", "Traceback"):
         assert bad not in out, (bad, out)
+
+
+def test_status_lists_each_tracked_ref_with_its_indexed_commit_and_lag(env: dict[str, str], tmp_path: Path) -> None:
+    """``scopekb status`` shows what ``GET /v1/sources/{id}`` reports (the same action, ops.source_report): each
+    tracked ref with its indexed commit and lag (README newcomer), in the table and in ``--json``."""
+    import json
+
+    repo = git_repo(tmp_path / "tracked", {"a.py": "def retry_helper():\n    return 1\n"})
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert run(["index", str(repo)], env, tmp_path).returncode == 0
+    p = run(["status", "--json"], env, tmp_path)
+    assert p.returncode == 0, p.stderr
+    row = next(r for r in json.loads(p.stdout) if r["scope"].endswith("/tracked"))
+    assert row["status"] == "READY" and row["indexed_commit"] == head, row
+    assert row["refs"] == [{"ref": "main", "commit": head, "behind": False, "lag_s": 0.0, "pinned": False}], row
+    p = run(["status"], {**env, "COLUMNS": "250"}, tmp_path)
+    assert p.returncode == 0 and f"main {head[:12]}" in p.stdout and "READY" in p.stdout, p.stdout
