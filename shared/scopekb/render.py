@@ -445,7 +445,8 @@ def _first_only(resp: SearchResponse, first: _Block, rest: int, nonce: str, tail
     of its lines as fit, the other results counted on a short ``Budget:`` line; the summary's query echo, the
     ``Note:`` line and then the summary are given up first. When no line fits, the header alone with a line
     naming the lines not shown (a ``read`` of path and blob gives them); when not even that fits, one line names
-    the smallest budget that shows the first line."""
+    the smallest budget that shows the first line, after the summary line when both fit (the count and scope tell
+    an agent how much there is and where it was searched)."""
     head = _Block(first.n, first.head[:1], first.lines, first.hit)
     budget = f"Budget: {int(max_tokens)} tokens" + (
         f"; {rest} more result{'s' if rest != 1 else ''} omitted" if rest else "") + "."
@@ -476,9 +477,15 @@ def _first_only(resp: SearchResponse, first: _Block, rest: int, nonce: str, tail
         if counter.count(text(q, notes, 0)) <= max_tokens:
             return text(q, notes, 0)
     need = counter.count(text(None, False, 1))
-    return _fit(lambda q: f"Budget: {int(max_tokens)} tokens is too small to show a result: the first one's header "
-                          f"and first line need {need}; ask again with max_tokens of at least {need}.", max_tokens,
-                counter)
+    small = (f"Budget: {int(max_tokens)} tokens is too small to show a result: the first one's header and first "
+             f"line need {need}; ask again with max_tokens of at least {need}.")
+    summary = summary_line(resp, 0) if resp.scope is not None else None
+    short = (f"Budget: {int(max_tokens)} tokens is too small to show a result; ask again with max_tokens of at "
+             f"least {need}.")
+    for line in (small, short):
+        if summary and counter.count(summary + "\n\n" + line) <= max_tokens:
+            return summary + "\n\n" + line
+    return _fit(lambda q: small, max_tokens, counter)
 
 
 def validation_message(errors: Iterable[Mapping[str, Any]], max_errors: int = 3) -> str:

@@ -210,7 +210,9 @@ def test_text_answer_fits_the_budget_counted_with_the_model_tokenizer(world: dic
     text = _search(world, world["keys"]["agent"], {"query": MARKER, "cross_context": True, "group_by": "file",
                                                     "max_results": 10, "max_tokens": budget}, fmt="text")
     assert counter.count(text) <= budget, (counter.name, counter.count(text), text)
-    assert re.match(r"4 files for '", text), text  # the summary line survives every budget
+    # the summary line survives every budget, unless the first result's header and lines took its place (a budget
+    # too small for both, hostile review 2 H8)
+    assert re.match(r"4 files for '", text) or re.match(r"\[1\] ", text), text
     whole = _search(world, world["keys"]["agent"], {"query": MARKER, "cross_context": True, "group_by": "file",
                                                      "max_results": 10}, fmt="text")
     if counter.count(whole) > budget:

@@ -191,6 +191,10 @@ def test_rest_search_never_leaks(world: dict[str, Any], key_id: tuple[str, str],
         assert r.status_code == 422 and forged_scope[0] in r.text and "hits" not in r.text, (body, r.text)
         event("forged scope field: 422")
         return
+    if context_id == "":  # not a context name (the naming rule of every request, hostile review 2 H8): refused
+        assert r.status_code == 422 and "context_id" in r.text and "hits" not in r.text, (body, r.text)
+        event("empty context_id: 422")
+        return
     status, visible = expected_scope(key, context_id, cross)
     if mode != SearchMode.keyword and r.status_code == 400 and status == 200:
         assert "embedding" in r.json()["detail"]  # keyword-only service: refused, nothing returned
