@@ -180,8 +180,9 @@ def test_two_stage_job_states_vectors_after_embedding_and_redelivered_part_no_du
 SYNC_ONLY = """
 import json, sys
 from scopekb.indexing import run_sync
-from scopekb_worker.app import runtime
+from scopekb_worker.app import ensure_chunk_index, runtime
 rt = runtime()
+ensure_chunk_index(rt)  # as the sync task does first (the runtime itself no longer touches the index)
 job = run_sync(rt.sync_deps(), sys.argv[1], [sys.argv[2]])
 print(json.dumps({"torch": "torch" in sys.modules, "st": "sentence_transformers" in sys.modules,
                   "stage": job.stage, "parts": job.embed_parts, "model": rt.embedder.model_id,
