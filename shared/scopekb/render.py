@@ -479,12 +479,13 @@ def _first_only(resp: SearchResponse, first: _Block, rest: int, nonce: str, tail
     need = counter.count(text(None, False, 1))
     small = (f"Budget: {int(max_tokens)} tokens is too small to show a result: the first one's header and first "
              f"line need {need}; ask again with max_tokens of at least {need}.")
-    summary = summary_line(resp, 0) if resp.scope is not None else None
     short = (f"Budget: {int(max_tokens)} tokens is too small to show a result; ask again with max_tokens of at "
              f"least {need}.")
-    for line in (small, short):
-        if summary and counter.count(summary + "\n\n" + line) <= max_tokens:
-            return summary + "\n\n" + line
+    for query_chars in ((200, 30, 0) if resp.scope is not None else ()):
+        summary = summary_line(resp, query_chars)
+        for line in (small, short):
+            if counter.count(summary + "\n\n" + line) <= max_tokens:
+                return summary + "\n\n" + line
     return _fit(lambda q: small, max_tokens, counter)
 
 
