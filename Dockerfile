@@ -46,6 +46,11 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     pip install "$spec" \
     && scopekb --help > /dev/null
 
+# With the local extra, the ONNX exports of the packaged model (fp32 and int8) are made here, once, offline, so
+# no process exports at run time (the runtime stage reads them from /opt/scopekb/onnx; issue 19).
+ENV SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR=/opt/scopekb/onnx
+RUN case ",$EXTRAS," in *,local,*) HF_HUB_OFFLINE=1 scopekb model export ;; *) true ;; esac
+
 # ---------------------------------------------------------------------------------------------- runtime
 FROM ${PYTHON_IMAGE} AS runtime
 
@@ -89,6 +94,7 @@ ENV PATH=/opt/scopekb/bin:$PATH \
     HF_HOME=/tmp/.cache/huggingface \
     SCOPEKB_LOG_FORMAT=json \
     SCOPEKB_DATA_DIR=/data \
+    SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR=/opt/scopekb/onnx \
     SCOPEKB_GIT__CACHE_DIR=/data/git
 
 # /data holds the git mirror cache and Celery beat's schedule: a volume (compose) or an emptyDir (Helm).

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ import pytest
 
 from scopekb.embedding import EmbeddingConfigError, make_embedder
 from scopekb.embedding.local import LocalEmbedder, packaged_model_path
-from scopekb.embedding.onnx import MANIFEST, MODEL_FILE, export_model, export_path
+from scopekb.embedding.onnx import MANIFEST, MODEL_FILE, export_in_child, export_model, export_path
 from scopekb.settings import EmbeddingSettings
 
 pytestmark = pytest.mark.slow  # two exports of the model: about a minute on a busy 2-core machine
@@ -41,12 +43,25 @@ QUERIES = ["cache of vectors by model and text hash", "retry after a 429 answer"
            "normalise vectors to unit length", "export the model to ONNX", "batch texts by length"]
 
 
+BUILT: dict[str, list[bool]] = {}
+
+
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two processes asked for the int8 export of an empty export directory at the same time (each builds fp32
+    first, then quantizes it), as two workers starting together on first use."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     d = tmp_path_factory.mktemp("onnx")
-    export_model(packaged_model_path(), "onnx-int8", d)  # builds fp32 first, then quantizes it
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda _: export_in_child(packaged_model_path(), "onnx-int8", d), range(2)))
+    BUILT["int8"] = sorted(built for _, built in done)
     return d
+
+
+def test_processes_starting_together_export_once(exports: Path) -> None:
+    assert BUILT["int8"] == [False, True]  # one built it, the other waited for the lock and reused it
+    model_dir = export_path(packaged_model_path(), "onnx", exports).parent
+    assert sorted(p.name for p in model_dir.iterdir() if not p.name.endswith(".lock")) == ["fp32", "int8"]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +93,7 @@ def test_onnx_fp32_gives_torch_top10_on_a_fixed_corpus(exports: Path, torch_emb:
     assert (t_docs * o_docs).sum(axis=1).min() > 0.9999
     assert top10(onnx, o_docs) == top10(torch_emb, t_docs)
     assert onnx.model_id == torch_emb.model_id  # same vectors: same cache entries, same index version
+    assert LocalEmbedder(backend="onnx", export_dir=exports)._runner is onnx._runner  # loaded once a process
 
 
 def test_int8_keeps_quality_and_has_its_own_model_id(exports: Path, torch_emb: LocalEmbedder) -> None:
@@ -114,10 +130,23 @@ def test_export_is_reused_and_a_partial_one_rebuilt(exports: Path) -> None:
 
 
 def test_missing_export_is_one_clear_error(tmp_path: Path) -> None:
-    s = EmbeddingSettings(provider="local", local_backend="onnx-int8", local_export_dir=tmp_path)
     with pytest.raises(EmbeddingConfigError, match=r"missing .*scopekb model export --backend onnx-int8"):
-        make_embedder(s)
+        LocalEmbedder(backend="onnx-int8", export_dir=tmp_path)  # auto_export off
     assert not export_path(packaged_model_path(), "onnx-int8", tmp_path).exists()
+
+
+def test_a_failing_automatic_export_is_one_clear_error(tmp_path: Path) -> None:
+    """The settings' embedder exports on first use; when that fails (here: broken weights) the process gets one
+    error naming the command, and no export is left behind."""
+    model = tmp_path / "model"
+    shutil.copytree(packaged_model_path(), model)
+    (model / "model.safetensors").write_bytes(b"not weights")
+    s = EmbeddingSettings(provider="local", local_backend="onnx", local_model_path=model,
+                          local_export_dir=tmp_path / "exports")
+    with pytest.raises(EmbeddingConfigError, match=r"exporting the local model to onnx failed .*"
+                                                   r"scopekb model export --backend onnx"):
+        make_embedder(s)
+    assert not export_path(model, "onnx", tmp_path / "exports").exists()
 
 
 def test_cli_export_reports_reuse(exports: Path) -> None:
@@ -132,9 +161,14 @@ def test_cli_export_reports_reuse(exports: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["onnx", "onnx-int8"])
-def test_an_onnx_process_never_imports_torch(exports: Path, backend: str) -> None:
+def test_an_onnx_process_never_imports_torch(exports: Path, backend: str, tmp_path: Path) -> None:
     """What a worker or the query service does with an ONNX backend: build the runtime's embedder from the
-    settings, count tokens, embed chunks and a query; torch must not be imported."""
+    settings, count tokens, embed chunks and a query; torch must not be imported, also when (int8) the process
+    found no export and made it on first use."""
+    if backend == "onnx-int8":
+        shutil.copytree(exports, tmp_path / "exports")
+        exports = tmp_path / "exports"
+        shutil.rmtree(export_path(packaged_model_path(), backend, exports))
     code = textwrap.dedent("""
         import sys
         from scopekb.runtime import embedding_setup
@@ -152,3 +186,4 @@ def test_an_onnx_process_never_imports_torch(exports: Path, backend: str) -> Non
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "False"
+    assert export_path(packaged_model_path(), backend, exports).joinpath(MANIFEST).is_file()

@@ -270,6 +270,7 @@ class LocalEmbedder:
         backend: one of :data:`BACKENDS`.
         threads: intra-op threads; 0: the CPUs this process may use (:func:`cpu_threads`).
         export_dir: where the ONNX exports live (ONNX backends; see :mod:`scopekb.embedding.onnx`).
+        auto_export: an ONNX backend builds its missing export (once per export directory) instead of refusing.
 
     Raises:
         EmbeddingConfigError: optional dependencies missing, the model does not load, or (ONNX) the export is
@@ -278,7 +279,7 @@ class LocalEmbedder:
 
     def __init__(self, model_path: Path | None = None, *, device: str = "cpu", batch_size: int = 32,
                  batch_tokens: int = 8192, model_id: str | None = None, backend: str = "torch", threads: int = 0,
-                 export_dir: Path | None = None) -> None:
+                 export_dir: Path | None = None, auto_export: bool = False) -> None:
         if backend not in BACKENDS:
             raise EmbeddingConfigError(f"unknown local backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         path = Path(model_path) if model_path is not None else packaged_model_path()
@@ -296,19 +297,20 @@ class LocalEmbedder:
         if backend == "torch":
             self._runner = TorchRunner(path, device, self.threads)
         else:
-            from scopekb.embedding.onnx import OnnxRunner
+            from scopekb.embedding.onnx import shared_runner
 
-            self._runner = OnnxRunner(path, backend, self.threads, export_dir)
+            self._runner = shared_runner(path, backend, self.threads, export_dir, auto_export=auto_export)
         self.dimension: int = self._runner.dimension
         self.max_input_tokens: int = self._runner.max_seq_length
 
     @classmethod
     def from_settings(cls, s: EmbeddingSettings) -> LocalEmbedder:
         """Build from ``settings.embedding`` (``local_model_path``, ``local_device``, ``local_batch_size``,
-        ``local_batch_tokens``, ``local_backend``, ``local_threads``, ``local_export_dir``, ``model_id``)."""
+        ``local_batch_tokens``, ``local_backend``, ``local_threads``, ``local_export_dir``, ``model_id``); an
+        ONNX backend builds its missing export on first use (``auto_export``)."""
         return cls(s.local_model_path, device=s.local_device, batch_size=s.local_batch_size,
                    batch_tokens=s.local_batch_tokens, model_id=s.model_id, backend=s.local_backend,
-                   threads=s.local_threads, export_dir=s.local_export_dir)
+                   threads=s.local_threads, export_dir=s.local_export_dir, auto_export=True)
 
     @property
     def model(self) -> Any:

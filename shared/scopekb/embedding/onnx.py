@@ -9,8 +9,11 @@ Layout of an export (``embedding.local_export_dir``, default ``$XDG_CACHE_HOME/s
 ``<model key>`` is :func:`scopekb.embedding.local.default_model_id` of the model directory made safe for a file
 name, so a new model wheel gets a new export. ``manifest.json`` is written last, into a temporary directory that
 is renamed into place: a directory without a manifest, or whose ``model.onnx`` differs in size from the
-manifest's, is a partial export; :func:`export_model` rebuilds it and :class:`OnnxRunner` refuses it with the
-command that fixes it.
+manifest's, is a partial export; :func:`export_model` rebuilds it. An exporter holds an exclusive ``flock`` on
+``<model key>/.<variant>.lock`` while it builds, and checks again for a complete export once it has the lock, so
+processes that start together build it once. :class:`OnnxRunner` exports a missing or partial export itself
+(``auto_export``, in a child process so that the runner's own process never imports torch), or refuses it with
+the command that fixes it.
 
 The export (:func:`export_model`, ``scopekb model export``) needs torch and transformers (the ``local`` extra):
 ``torch.onnx.export`` of the Hugging Face model (eager attention, opset 17, dynamic batch and sequence axes),
@@ -21,13 +24,19 @@ model's ``1_Pooling/config.json``) and L2 normalisation run in numpy.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,20 +117,27 @@ class OnnxRunner:
         backend: ``onnx`` or ``onnx-int8``.
         threads: ONNX Runtime intra-op threads (inter-op: 1).
         export_dir: root of the exports (None: :func:`default_export_dir`).
+        auto_export: build a missing or partial export now (:func:`export_in_child`: once per export directory,
+            also when several processes start together; about a minute, needs torch) instead of refusing it.
 
     Raises:
-        EmbeddingConfigError: onnxruntime is not installed, or the export is missing, partial or does not load;
-            the message names the command that fixes it.
+        EmbeddingConfigError: onnxruntime is not installed, or the export is missing or partial (and
+            ``auto_export`` is off or the export failed) or does not load; the message names the command that
+            fixes it.
     """
 
-    def __init__(self, model_path: Path, backend: str, threads: int, export_dir: Path | None = None) -> None:
+    def __init__(self, model_path: Path, backend: str, threads: int, export_dir: Path | None = None,
+                 auto_export: bool = False) -> None:
         self.backend = backend
         self.pooling, self.dimension, self.max_seq_length = _pooling(model_path)
         where = export_path(model_path, backend, export_dir)
         if read_manifest(where) is None:
             state = "partial" if where.exists() else "missing"
-            raise EmbeddingConfigError(f"the {backend} export of the local model is {state} ({where}): "
-                                       f"{_fix(backend)}")
+            if not auto_export:
+                raise EmbeddingConfigError(f"the {backend} export of the local model is {state} ({where}): "
+                                           f"{_fix(backend)}")
+            log.info("embedding_onnx_auto_export", path=str(where), backend=backend, state=state)
+            export_in_child(model_path, backend, export_dir)
         try:
             import onnxruntime  # noqa: F401 - checked here so the error names the extra
         except ImportError as e:
@@ -169,13 +185,47 @@ class OnnxRunner:
         return (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
 
 
+_runners: dict[tuple[str, str, int, str], tuple[OnnxRunner, tuple[int, int]]] = {}
+_runners_lock = threading.Lock()
+
+
+def shared_runner(model_path: Path, backend: str, threads: int, export_dir: Path | None = None,
+                  auto_export: bool = False) -> OnnxRunner:
+    """The :class:`OnnxRunner` of this process for (model, backend, threads, export directory), built on first use
+    and shared by every embedder of the process, as :func:`scopekb.embedding.local.load_model` shares the torch
+    model (a runtime per test or per request would otherwise load the export again each time). A runner whose
+    ``model.onnx`` changed since it was loaded (size or modification time: rebuilt or damaged) is built again.
+
+    Raises:
+        EmbeddingConfigError: as :class:`OnnxRunner`.
+    """
+    key = (str(model_path), backend, threads, str(export_dir or default_export_dir()))
+    with _runners_lock:
+        hit = _runners.get(key)
+        if hit is not None and _stamp(hit[0].path / MODEL_FILE) == hit[1]:
+            return hit[0]
+        runner = OnnxRunner(model_path, backend, threads, export_dir, auto_export=auto_export)
+        _runners[key] = (runner, _stamp(runner.path / MODEL_FILE))
+        return runner
+
+
+def _stamp(f: Path) -> tuple[int, int]:
+    try:
+        st = f.stat()
+    except OSError:
+        return (-1, -1)
+    return (st.st_size, st.st_mtime_ns)
+
+
 def export_model(model_path: Path, backend: str, export_dir: Path | None = None, *, force: bool = False
                  ) -> tuple[Path, bool]:
     """Make ``backend``'s export of the model at ``model_path`` unless a complete one exists.
 
     ``onnx-int8`` first makes (or reuses) the fp32 export and quantizes it. A partial export (see the module
-    docstring) is deleted and rebuilt. Safe against a concurrent exporter of the same model: each builds in its
-    own temporary directory and the rename into place is atomic (the last one wins; both are complete).
+    docstring) is deleted and rebuilt. Safe against concurrent exporters of the same export directory (other
+    processes too): the build holds an exclusive lock (:func:`_export_lock`) and looks for a complete export again
+    once it has it, so the first one builds and the others reuse its export; the build happens in a temporary
+    directory renamed into place, so a reader never sees a half-written one.
 
     Returns:
         ``(export directory, True if it was built now / False if a complete one was reused)``.
@@ -191,7 +241,33 @@ def export_model(model_path: Path, backend: str, export_dir: Path | None = None,
     source = None
     if backend == "onnx-int8":
         source, _ = export_model(model_path, "onnx", export_dir)
-    where.parent.mkdir(parents=True, exist_ok=True)
+    with _export_lock(where):
+        if not force and read_manifest(where) is not None:
+            return where, False  # another process built it while this one waited for the lock
+        _build(model_path, backend, where, source)
+    return where, True
+
+
+@contextlib.contextmanager
+def _export_lock(where: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<where's parent>/.<where's name>.lock`` (created if needed) while the block runs.
+
+    Raises:
+        EmbeddingConfigError: the export directory is not writable.
+    """
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(where.parent / f".{where.name}.lock", "a")  # noqa: SIM115 - closed below
+    except OSError as e:
+        raise EmbeddingConfigError(f"cannot write the ONNX export directory {where.parent}: {e}") from e
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+    finally:
+        fh.close()  # releases the lock
+
+
+def _build(model_path: Path, backend: str, where: Path, source: Path | None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{where.name}.tmp-", dir=where.parent))
     t0 = time.perf_counter()
     try:
@@ -213,7 +289,36 @@ def export_model(model_path: Path, backend: str, export_dir: Path | None = None,
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("embedding_onnx_exported", path=str(where), backend=backend,
              seconds=round(time.perf_counter() - t0, 1))
-    return where, True
+
+
+def export_in_child(model_path: Path, backend: str, export_dir: Path | None = None, timeout_s: float = 1800
+                    ) -> tuple[Path, bool]:
+    """:func:`export_model` in a child Python process (torch is imported there, never in this process), waiting
+    for it; ``timeout_s`` bounds the wait (an export takes about a minute on a busy 2-core machine).
+
+    Returns:
+        ``(export directory, True if the child built it / False if it found a complete one)``, as
+        :func:`export_model`.
+
+    Raises:
+        EmbeddingConfigError: the child failed (its last line of error output is in the message) or timed out.
+    """
+    code = ("import sys; from pathlib import Path; from scopekb.embedding.onnx import export_model; "
+            "print(export_model(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]) if sys.argv[3] else None)[1])")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(model_path), backend, str(export_dir or "")],
+                           capture_output=True, text=True, env=env, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EmbeddingConfigError(f"exporting the local model to {backend} failed ({e}): {_fix(backend)}") from e
+    where = export_path(model_path, backend, export_dir)
+    if r.returncode != 0 or read_manifest(where) is None:
+        lines = (r.stderr or r.stdout).strip().splitlines()
+        raise EmbeddingConfigError(f"exporting the local model to {backend} failed "
+                                   f"({lines[-1] if lines else f'exit {r.returncode}'}): {_fix(backend)}")
+    built = r.stdout.strip().splitlines()[-1:] == ["True"]
+    log.info("embedding_onnx_export_child", path=str(where), backend=backend, built=built)
+    return where, built
 
 
 def _export_fp32(model_path: Path, dest: Path) -> None:
