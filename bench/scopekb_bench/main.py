@@ -158,8 +158,10 @@ def _ingest_metrics(res: Results, kind: str, label: str, push: pipeline.PushResu
             note=f"worker peak {push.worker_peak_rss / 2**20:.0f} MiB; baseline peak "
                  f"{base['peak_pss_bytes'] / 2**20:.0f} MiB (its VmHWM {base['peak_rss_bytes'] / 2**20:.0f} MiB); "
                  "both the summed PSS of the process tree sampled every 0.2 s over the measured window")
-    res.add("cost", f"cost.{kind}.index_over_source", f"{label}: index bytes ÷ source bytes", idx_bytes, text_bytes,
-            "bytes", "bytes of the text files indexed", better="lower",
+    vec = kind == "local_model"  # issue 19's acceptance: index bytes ÷ source bytes with vectors ≤ 8
+    res.add("cost", f"cost.{kind}.index_over_source", f"{label}: index bytes ÷ source bytes" + (" with vectors" if vec
+            else ""), idx_bytes, text_bytes, "bytes", "bytes of the text files indexed", better="lower",
+            target="≤ 8" if vec else "",
             note=f"index {idx_bytes / 2**20:.1f} MiB (baseline bulk index {base_bytes / 2**20:.1f} MiB), text source "
                  f"{text_bytes / 2**20:.1f} MiB; {exported} documents exported for the baseline")
 

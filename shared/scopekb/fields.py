@@ -53,7 +53,10 @@ DEF_KINDS = "def_kinds"
 #: 7: no doc values for the vector (``doc_values: false``): the k-NN plugin kept a second float32 copy of every vector
 #: there, as large as the vector file itself; kNN, the ``knn_score`` rescoring of ``sq`` and derived source read the
 #: vector values (issue 19).
-MAPPING_VERSION = 7
+#: 8: stored fields with ``index.codec: best_compression`` (DEFLATE; the stored ``_source`` was 13% of the index at
+#: version 7 and shrinks by 39%), and the ``int8`` vector encoder (:func:`int8_vector`, ``data_type: byte``: 384 bytes
+#: a 384-d vector instead of 1,536; issue 19, docs/benchmarks.md).
+MAPPING_VERSION = 8
 
 #: BM25 field boosts in the order symbol, signature, content, path (the Turso seed weights name 5.0 and signature
 #: 3.0 over content). A context may use others chosen on its own evaluation set (``scopekb eval --tune``,
@@ -118,6 +121,31 @@ _ANALYSIS: dict[str, Any] = {
 }
 
 
+def int8_vector(vec: Any) -> list[int]:
+    """A vector as the ``int8`` encoder stores it: each value times ``127 / max|value|``, rounded to the nearest
+    integer, so the largest value becomes ±127 and none is clipped.
+
+    The scale is per vector: the index's space is cosine, which ignores the length of either vector, so any
+    positive scale gives the same similarity and this one keeps the most precision. Measured on 1,497 chunks of
+    scopekb's own source with all-MiniLM-L6-v2 (largest value of a unit vector 0.16 median, 0.25 at most): the
+    top 10 by cosine of the int8 vectors held 99.5% of the exact float32 top 10 (100 queries); a fixed scale of
+    127 / 0.25 held 99.1%, 127 / 0.5 97.9% (issue 19, docs/benchmarks.md). ``vec``: finite numbers, not all zero
+    (an all-zero vector is returned as zeros). Returns ``len(vec)`` ints in [-127, 127].
+    """
+    vals = [float(x) for x in vec]
+    top = max((abs(x) for x in vals), default=0.0)
+    if not top:
+        return [0] * len(vals)
+    scale = 127.0 / top
+    return [max(-127, min(127, round(x * scale))) for x in vals]
+
+
+def stored_vector(vec: Any, encoder: str) -> list[float] | list[int]:
+    """``vec`` (floats) as a chunk index with ``encoder`` takes it: ints by :func:`int8_vector` for ``int8``, else
+    floats."""
+    return int8_vector(vec) if encoder == "int8" else [float(x) for x in vec]
+
+
 def chunk_mapping(dimension: int | None, model: str | None = None, encoder: str = "none") -> dict[str, Any]:
     """Return the chunk index mapping; ``dimension`` None means keyword-only (no ``embedding`` field).
 
@@ -131,7 +159,9 @@ def chunk_mapping(dimension: int | None, model: str | None = None, encoder: str 
     kNN), with derived source it survives (``tests/integration/test_vectors_source.py``). The vector as JSON
     floats was 86% of a chunk's stored ``_source`` (issue 19). A reindex still takes vectors from the embedding
     cache (:mod:`scopekb.reindex`), never from ``_source``. ``encoder`` ``sq``: Lucene's scalar quantization
-    (int8 per dimension, OpenSearch ≥ 2.16) of the stored vectors the graph is built and searched on.
+    (int8 per dimension, OpenSearch ≥ 2.16) of the stored vectors the graph is built and searched on, the float32
+    vectors kept beside them; ``int8``: the vectors themselves are bytes (``data_type: byte``, values from
+    :func:`int8_vector`; the OpenSearch store converts what it writes and the query vector).
     ``_meta`` records ``model`` and ``encoder`` so a process configured for other vectors refuses the index.
     """
     text_kw = {"type": "text", "analyzer": CODE_ANALYZER, "search_analyzer": CODE_SEARCH_ANALYZER,
@@ -173,6 +203,7 @@ def chunk_mapping(dimension: int | None, model: str | None = None, encoder: str 
             # the plugin's binary doc values would hold a second float32 copy of each vector (1,536 bytes a chunk
             # at 384 dimensions); kNN, knn_score and derived source read Lucene's vector values instead
             "doc_values": False,
+            **({"data_type": "byte"} if encoder == "int8" else {}),
             "method": {"name": "hnsw", "engine": "lucene", "space_type": "cosinesimil",
                        "parameters": {"m": 16, "ef_construction": 128,
                                       **({"encoder": {"name": "sq"}} if encoder == "sq" else {})}},
@@ -272,14 +303,20 @@ def flatten_metadata(meta: dict[str, Any], prefix: str = "") -> list[tuple[str, 
     return out
 
 
-def chunk_index_settings(shards: int, replicas: int, knn: bool) -> dict[str, Any]:
-    """Index settings for a chunk index: shards/replicas, analyzers, and when vectors are stored ``index.knn`` with
-    ``index.knn.derived_source.enabled`` (k-NN plugin ≥ 2.19, a static setting: vectors kept out of the stored
-    ``_source`` and derived from the vector values on every read; see :func:`chunk_mapping`)."""
-    s: dict[str, Any] = {"number_of_shards": shards, "number_of_replicas": replicas, "analysis": _ANALYSIS}
+def chunk_index_settings(shards: int, replicas: int, knn: bool, encoder: str = "none") -> dict[str, Any]:
+    """Index settings for a chunk index: shards/replicas, analyzers, the stored fields' codec, and when vectors are
+    stored ``index.knn`` with ``index.knn.derived_source.enabled`` (k-NN plugin ≥ 2.19, a static setting: vectors
+    kept out of the stored ``_source`` and derived from the vector values on every read; see
+    :func:`chunk_mapping`). Not for the ``int8`` encoder: derived source of k-NN 2.19.1 reads float vectors only
+    (a read of a byte vector's document fails with "VectorValuesIterator is not of a valid type"), so int8 vectors
+    stay in ``_source`` as JSON integers, which membership updates copy with the rest of the document."""
+    s: dict[str, Any] = {"number_of_shards": shards, "number_of_replicas": replicas, "analysis": _ANALYSIS,
+                         # DEFLATE for stored fields (the k-NN plugin's codec keeps this delegate): on itsdangerous
+                         # 2.1.2 the .fdt file went from 118,315 to 71,841 bytes (docs/benchmarks.md, issue 19)
+                         "codec": "best_compression"}
     if knn:
         s["knn"] = True
-        s["knn.derived_source.enabled"] = True
+        s["knn.derived_source.enabled"] = encoder != "int8"
     return {"index": s}
 
 
@@ -291,7 +328,8 @@ def index_version_name(alias: str, dimension: int | None, model: str | None, enc
     """
     if not dimension:
         return f"{alias}-v{MAPPING_VERSION}-kw"
-    tag = hashlib.sha256(((model or "") + ("|sq" if encoder == "sq" else "")).encode()).hexdigest()[:8]
+    tag = hashlib.sha256(((model or "") + (f"|{encoder}" if encoder in ("sq", "int8") else "")).encode()
+                         ).hexdigest()[:8]
     return f"{alias}-v{MAPPING_VERSION}-{dimension}-{tag}"
 
 

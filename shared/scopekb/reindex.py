@@ -87,7 +87,8 @@ def _reindex(target: OpenSearchChunkStore, embedder: Embedder | None, cache: Emb
     t0 = time.monotonic()
     old = target.live_index()
     new = f"{target.version_name}-{int(time.time())}"
-    body = {"settings": F.chunk_index_settings(target.shards, 0, knn=bool(target.dimension)),
+    body = {"settings": F.chunk_index_settings(target.shards, 0, knn=bool(target.dimension),
+                                                     encoder=target.encoder),
             "mappings": F.chunk_mapping(target.dimension, target.model, target.encoder)}
     body["settings"]["index"]["refresh_interval"] = "-1"
     client.indices.create(index=new, body=body)
@@ -98,7 +99,8 @@ def _reindex(target: OpenSearchChunkStore, embedder: Embedder | None, cache: Emb
         if old is not None:
             for docs in _scroll(client, old, batch):
                 _embed_docs(docs, embedder, cache, chunking, counter, report)
-                actions = ({"_op_type": "index", "_index": new, "_id": d.pop("_id"), "_source": d} for d in docs)
+                actions = ({"_op_type": "index", "_index": new, "_id": d["_id"], "_source": target.stored_source(d)}
+                           for d in docs)
                 ok, errors = helpers.bulk(client, actions, max_chunk_bytes=target.bulk_max_bytes, raise_on_error=False,
                                           max_retries=5, initial_backoff=1)
                 if errors:

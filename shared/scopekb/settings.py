@@ -66,9 +66,12 @@ class OpenSearchSettings(BaseModel):
     expected_chunks: int = 1_000_000
     #: Chunks per primary shard (measured: see docs/deploy.md, "Sizing").
     chunks_per_shard: int = 2_000_000
-    #: Vector encoder of a new chunk index: ``none`` (float32) or ``sq`` (Lucene scalar quantization, int8 per
-    #: dimension; ANN recall@10 against exact search is tested >= 0.95). Changing it is a ``scopekb reindex``.
-    knn_encoder: Literal["none", "sq"] = "none"
+    #: Vector encoder of a new chunk index: ``none`` (float32), ``sq`` (Lucene scalar quantization, int8 per
+    #: dimension for the graph, the float32 vectors kept too; ANN recall@10 against exact search is tested >= 0.95)
+    #: or ``int8`` (the vectors stored as bytes, :func:`scopekb.fields.int8_vector`: a quarter of the vector bytes;
+    #: recall@10 tested >= 0.95 too; docs/benchmarks.md). Changing it is a ``scopekb reindex``. The embedded
+    #: profile's SQLite store keeps float32 vectors whatever this says.
+    knn_encoder: Literal["none", "sq", "int8"] = "none"
 
     @model_validator(mode="after")
     def _size_shards(self) -> OpenSearchSettings:

@@ -150,3 +150,47 @@ def test_vectors_out_of_stored_source_survive_updates_and_reindex(opensearch_url
         _assert_knn_finds_each(sq, reindexed, "v2")
     finally:
         client.indices.delete(index=f"it-vsrc-{run}*", params={"expand_wildcards": "open"})
+
+
+def test_int8_vectors_survive_updates_and_reindex(opensearch_url: str) -> None:
+    """The ``int8`` encoder (mapping version 8): vectors stored as bytes (``data_type: byte``) by
+    :func:`scopekb.fields.int8_vector`, in ``_source`` as integers (k-NN 2.19.1's derived source reads float
+    vectors only), through writes, the embedding stage, membership changes and a reindex from a float32 index
+    (vectors from the embedding cache); the float query vector finds each chunk first."""
+    client = make_client(OpenSearchSettings(url=opensearch_url))
+    run = uuid.uuid4().hex[:8]
+    alias = f"it-vsrc8-{run}"
+    emb = HashEmbedder()
+    cache = OpenSearchEmbeddingCache(client, f"it-vsrc8-{run}-embcache")
+    store = OpenSearchChunkStore(client, alias=alias, dimension=DIM, model=emb.model_id, encoder="int8")
+    try:
+        index = store.ensure_index()
+        settings = client.indices.get_settings(index=index)[index]["settings"]["index"]
+        assert settings["knn.derived_source"]["enabled"] == "false"
+        prop = client.indices.get_mapping(index=index)[index]["mappings"]["properties"][F.EMBEDDING]
+        assert str(prop["data_type"]).lower() == "byte" and settings["codec"] == "best_compression"
+        first = {f"c{i}": emb._vec(f"text {i}") for i in range(N)}
+        want = {k: F.int8_vector(v) for k, v in first.items()}
+        docs = [_doc(i, first[f"c{i}"] if i % 3 else None) for i in range(N)]
+        assert not store.bulk_write(docs, refresh=True).errors
+        assert not store.set_vectors({f"c{i}": (first[f"c{i}"], f"blob{i}") for i in range(0, N, 3)},
+                                     emb.model_id).errors
+        _membership_changes(store)
+        assert _stored_vectors(client, alias) == want  # every chunk keeps its vector, as int8 values
+        for cid, vec in first.items():
+            hits = store.vector_search(vec, SearchFilter(scope=ScopeFilter("a", ("c",)), ref="dev"), 3)
+            assert hits and hits[0][0] == cid and hits[0][1] > 0.99, (cid, hits[:1])
+
+        # a float32 index reindexed to int8 takes the vectors from the embedding cache, never from _source
+        plain = OpenSearchChunkStore(client, alias=f"{alias}-b", dimension=DIM, model=emb.model_id)
+        plain.ensure_index()
+        assert not plain.bulk_write([_doc(i, first[f"c{i}"]) for i in range(N)], refresh=True).errors
+        assert reindex(plain, emb, cache, ChunkingSettings()).embeddings_computed == N  # fills the cache
+        cached = {k: F.int8_vector(v) for k, v in _stored_vectors(client, f"{alias}-b").items()}
+        before = emb.embedded
+        to8 = OpenSearchChunkStore(client, alias=f"{alias}-b", dimension=DIM, model=emb.model_id, encoder="int8")
+        stats = reindex(to8, emb, cache, ChunkingSettings())
+        assert stats.chunks == N and stats.embeddings_cached == N and emb.embedded == before
+        assert _stored_vectors(client, f"{alias}-b") == cached and len(cached) == N
+    finally:
+        client.indices.delete(index=f"it-vsrc8-{run}*", params={"expand_wildcards": "open"})
