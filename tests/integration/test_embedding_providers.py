@@ -143,3 +143,29 @@ def test_always_400_input_is_reported_per_item(local: LocalEmbedder, stub: OpenA
         if i != 3:
             assert np.allclose(r.vectors[i], want.vectors[i], atol=1e-5)
     assert all(bad not in q.inputs for q in stub.served())
+
+
+def test_gathered_queries_pass_in_length_groups(local: LocalEmbedder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20: queries gathered by the micro-batcher go through passes of similar lengths (at most
+    QUERY_PASS_TOKENS padded tokens a pass), not one pass padded to the longest, and each gets the vector it gets
+    alone."""
+    from scopekb.embedding.local import QUERY_PASS_TOKENS
+
+    texts = [f"retry failed upload number {i}" for i in range(8)] + [" ".join(["exponential backoff"] * 90)]
+    seqs = [local._pieces.one(t) for t in texts]
+    alone = [local._forward([s])[0] for s in seqs]
+    widths: list[list[int]] = []
+    real = local._forward
+
+    def spy(ids, threads=None):  # noqa: ANN001, ANN202 - the instance's forward, recorded
+        widths.append([min(len(s), local.max_input_tokens) for s in ids])
+        return real(ids, threads)
+
+    monkeypatch.setattr(local, "_forward", spy)
+    rows = local._queries._run(seqs)  # what one gathered batch of these nine queries runs
+    assert len(rows) == len(seqs)
+    for got, want in zip(rows, alone, strict=True):
+        assert np.allclose(got, want, atol=1e-5)
+    assert sorted(n for w in widths for n in w) == sorted(min(len(s), local.max_input_tokens) for s in seqs)
+    assert all(len(w) == 1 or (max(w) * len(w) <= QUERY_PASS_TOKENS and 2 * min(w) >= max(w)) for w in widths), widths
+    assert sum(max(w) * len(w) for w in widths) < 2 * sum(sum(w) for w in widths), widths

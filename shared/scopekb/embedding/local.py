@@ -183,6 +183,12 @@ def pack_batch(ids: Sequence[Sequence[int]], max_len: int, pad_id: int = 0) -> t
     return input_ids, mask
 
 
+#: Most padded tokens (queries × the longest) of one forward pass over queries gathered by
+#: :class:`scopekb.embedding.batching.MicroBatcher` (:meth:`LocalEmbedder._query_passes`): about the work of four
+#: long queries, so a pass of short queries is not padded to a long one.
+QUERY_PASS_TOKENS = 1024
+
+
 def plan_batches(lengths: Sequence[int], max_texts: int, max_tokens: int) -> list[list[int]]:
     """Positions grouped into forward passes: sorted by length (longest first), each batch at most
     ``max_texts`` texts and at most ``max_tokens`` padded tokens (texts × its longest length); a single text
@@ -199,6 +205,25 @@ def plan_batches(lengths: Sequence[int], max_texts: int, max_tokens: int) -> lis
     if cur:
         batches.append(cur)
     return batches
+
+
+def length_groups(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Positions grouped into forward passes by length (longest first): a pass holds at most ``max_tokens`` padded
+    tokens (texts × its longest length) and no text shorter than half its longest, so none is padded to more than
+    twice its length; a text longer than ``max_tokens`` is a pass of its own. Every position appears exactly once.
+    Example: lengths ``[9, 9, 256, 9]``, 1024 → ``[[2], [0, 1, 3]]``."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        width = lengths[cur[0]] if cur else lengths[i]
+        if cur and (2 * lengths[i] < width or width * (len(cur) + 1) > max_tokens):
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        groups.append(cur)
+    return groups
 
 
 def l2_normalise(rows: np.ndarray) -> np.ndarray:
@@ -292,7 +317,7 @@ class LocalEmbedder:
         self._pieces = WordPieces(path)
         self._lock = threading.Lock()
         # concurrent embed_query calls share forward passes (issue 20) instead of queueing one pass each
-        self._queries = MicroBatcher(lambda seqs: list(self._forward(seqs, threads=1)))
+        self._queries = MicroBatcher(self._query_passes)
         self._runner: Any
         if backend == "torch":
             self._runner = TorchRunner(path, device, self.threads)
@@ -332,6 +357,18 @@ class LocalEmbedder:
         with self._lock:
             out = self._runner(input_ids, mask, threads)
         return l2_normalise(out)
+
+    def _query_passes(self, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Unit vectors of the queries :class:`MicroBatcher` gathered, one row each in order: the queries sorted by
+        length and cut into passes of at most :data:`QUERY_PASS_TOKENS` padded tokens, none padded to more than twice
+        its length (:func:`length_groups`), each pass on one intra-op thread. Issue 20: one pass padded every gathered
+        query to the longest, so 32 queries of about 20 word pieces next to one of 200 cost 32 × 200 tokens of work
+        instead of about 800."""
+        out = np.zeros((len(seqs), self.dimension), dtype=np.float32)
+        lengths = [min(len(s), self.max_input_tokens) for s in seqs]
+        for batch in length_groups(lengths, QUERY_PASS_TOKENS):
+            out[batch] = self._forward([seqs[i] for i in batch], threads=1)
+        return list(out)
 
     def _encode_ids(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         out = np.zeros((len(ids), self.dimension), dtype=np.float32)
@@ -398,8 +435,9 @@ class LocalEmbedder:
         thread of the pool waits for a core (on the loaded 2-core bench machine a torch query took 1.9 s p50 with
         two threads and 65-210 ms with one; ONNX Runtime 40 ms and 14 ms).
 
-        Queries asked for while a forward pass runs go through the next pass together
-        (:class:`scopekb.embedding.batching.MicroBatcher`, at most 32 a pass), each padded to the longest.
+        Queries asked for while a forward pass runs go through the next passes together
+        (:class:`scopekb.embedding.batching.MicroBatcher`, at most 32 at a time), grouped by length so each is
+        padded only to the longest of its group (:meth:`_query_passes`).
 
         Raises:
             ValueError: ``text`` is blank.

@@ -1,0 +1,146 @@
+"""A/B of the embedded profile under concurrent searches (issue 20; not a test): two ``scopekb up`` processes on
+one SQLite index of the quick evaluation corpus, one running another checkout's code (``--base``: its ``shared``,
+``services``, ``workers`` and ``cli`` folders first on ``PYTHONPATH``), one this checkout's, measured level by
+level in alternating order (:func:`scopekb_bench.concurrency.table` rows), so both see the same machine load.
+
+    .venv/bin/python bench/concurrency_ab.py --base /path/to/old/checkout [--n 96] [--rounds 2]
+
+Prints, per mode and in-flight level, requests/s and p50/p95 of each side, and the two acceptance ratios of
+issue 20 per side (keyword requests/s 32 ÷ 8, hybrid p95 at 32 ÷ p50 at 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "bench"), str(REPO / "shared"), str(REPO / "services"), str(REPO / "workers"),
+                str(REPO / "cli")]
+
+
+def _pythonpath(root: Path) -> str:
+    return os.pathsep.join(str(root / d) for d in ("shared", "services", "workers", "cli", ""))
+
+
+def _serve(root: Path, data: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    import httpx
+    from scopekb_bench.stack import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCOPEKB_")}
+    env |= {"SCOPEKB_DATA_DIR": str(data), "SCOPEKB_EMBEDDING__PROVIDER": "local", "SCOPEKB_LOG_LEVEL": "WARNING",
+            "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": _pythonpath(root)}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    fh = open(log, "wb")  # noqa: SIM115 - the process's log, left open while it runs
+    proc = subprocess.Popen([sys.executable, "-m", "scopekb_cli.main", "up", "--port", str(port)], env=env,
+                            stdout=fh, stderr=subprocess.STDOUT, cwd=root)
+    deadline = time.monotonic() + 300
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"scopekb up ({root}) exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("scopekb up did not answer in time")
+        time.sleep(0.3)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True, type=Path)
+    ap.add_argument("--n", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--modes", default="keyword,hybrid")
+    ap.add_argument("--levels", default="1,8,32")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+
+    from scopekb_bench import concurrency, corpus, quality, sets
+    from scopekb_bench.profiles import QUICK
+    from scopekb_bench.util import summary
+
+    from scopekb import ops
+    from scopekb.indexing import run_sync
+    from scopekb.models import KeyCreate, Source
+    from scopekb.runtime import build_embedded_runtime
+    from scopekb.settings import Settings
+
+    ev = corpus.eval_repo(list(QUICK.eval_projects))
+    queries = [p["query"] for p in quality.sample(ev.pairs, 30, seed=23)]
+    modes = args.modes.split(",")
+    levels = [int(x) for x in args.levels.split(",")]
+    with tempfile.TemporaryDirectory(prefix="scopekb-ab-") as tmp:
+        work = Path(tmp)
+        bare = ev.clone_bare(work / "eval.git")
+        subprocess.run(["git", "-C", str(bare), "update-ref", "refs/heads/main", ev.releases[-1]], check=True)
+        data = work / "data"
+        settings = Settings(profile="embedded", data_dir=data,
+                            embedding={"provider": "local", "cache": "sqlite", "cache_path": str(sets.EMBED_CACHE)},
+                            git={"allow_local_paths": True}, log_level="WARNING", log_format="console")
+        rt = build_embedded_runtime(settings)
+        rt.chunks.ensure_index()
+        src = Source(id="src_ab", agent_name="bench", context_id="eval", repo_url=str(bare), ref="main",
+                     repo_name="bench/eval")
+        rt.records.put_source(src)
+        job = run_sync(rt.sync_deps(), "ab", [src.id], trigger="bench")
+        _rec, key = ops.create_key(rt, KeyCreate(agent_name="bench", context_ids=["eval"]))
+        rt.chunks.close()
+        print(f"indexed {job.chunks_written} chunks; load {os.getloadavg()[0]:.1f}", flush=True)
+        sides = {"base": args.base.resolve(), "new": REPO}
+        procs = {}
+        try:
+            for name, root in sides.items():
+                procs[name] = _serve(root, data, work / f"{name}.log")
+            rows: dict[str, dict[str, dict[int, list[dict[str, Any]]]]] = {
+                s: {m: {lv: [] for lv in levels} for m in modes} for s in sides}
+            for r in range(args.rounds):
+                for m in modes:
+                    for lv in levels:
+                        order = list(sides) if (r + lv) % 2 == 0 else list(reversed(sides))
+                        for s in order:
+                            row = asyncio.run(concurrency._level(procs[s][1], key, "eval", queries, m,
+                                                                 max(args.n, 2 * lv), lv, 10))
+                            rows[s][m][lv].append(row)
+                            print(f"round {r} {m:7} {lv:2} {s:4}: {row['rps']:7.1f} req/s  p50 "
+                                  f"{row['p50'] * 1000:7.1f} ms  p95 {row['p95'] * 1000:7.1f} ms  "
+                                  f"non-200 {row['non_200']}  load {os.getloadavg()[0]:.1f}", flush=True)
+        finally:
+            for p, _ in procs.values():
+                p.terminate()
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    out: dict[str, Any] = {}
+    for s in sides:
+        agg = {m: {lv: {"rps": sum(x["rps"] for x in rs) / len(rs),
+                        "p50": summary([x["p50"] for x in rs])["p50"],
+                        "p95": summary([x["p95"] for x in rs])["p50"]} for lv, rs in d.items()}
+               for m, d in rows[s].items()}
+        out[s] = {"levels": agg, "raw": rows[s]}
+        line = [f"{s}:"]
+        if "keyword" in agg and {8, 32} <= set(agg["keyword"]):
+            line.append(f"keyword rps 32/8 = {agg['keyword'][32]['rps'] / agg['keyword'][8]['rps']:.2f}")
+        if "hybrid" in agg and {1, 32} <= set(agg["hybrid"]):
+            line.append(f"hybrid p95@32 / p50@1 = {agg['hybrid'][32]['p95'] / agg['hybrid'][1]['p50']:.1f}")
+        print("  ".join(line))
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
