@@ -82,10 +82,53 @@ def _stop(query: str) -> str:
     return " ".join(kept) if kept else query
 
 
-QUERY_VARIANTS = {"split": _split, "stop": _stop, "split_stop": lambda q: _stop(_split(q))}
+_VOWELS = set("aeiouy")
 
 
-def sqlite_cross_fields(store, query: str, flt, size: int, tie: float = 0.3) -> list[tuple[str, float, dict]]:
+def base_forms(word: str) -> list[str]:
+    """Candidate uninflected forms of an English word by suffix rules (``parsed`` → parse, pars; ``headers`` →
+    header; ``returns`` → return; ``encoding`` → encod, encode; ``entries`` → entry); ``[]`` when none applies."""
+    w = word.lower()
+    if not w.isalpha() or len(w) < 4:
+        return []
+    out: list[str] = []
+    if w.endswith("ies") and len(w) > 4:
+        out.append(w[:-3] + "y")
+    elif w.endswith(("sses", "shes", "ches", "xes", "zes")):
+        out += [w[:-2], w[:-1]]
+    elif w.endswith("s") and not w.endswith(("ss", "us", "is")):
+        out.append(w[:-1])
+    elif w.endswith("ied") and len(w) > 4:
+        out.append(w[:-3] + "y")
+    elif w.endswith("ed") and len(w) > 3:
+        stem = w[:-2]
+        out.append(stem)
+        if stem[-1] == stem[-2] and stem[-1] not in _VOWELS and stem[-1] not in "lsz":
+            out.append(stem[:-1])
+        elif stem[-1] not in _VOWELS:
+            out.append(stem + "e")
+    elif w.endswith("ing") and len(w) > 5:
+        stem = w[:-3]
+        out.append(stem)
+        if stem[-1] == stem[-2] and stem[-1] not in _VOWELS and stem[-1] not in "lsz":
+            out.append(stem[:-1])
+        elif stem[-1] not in _VOWELS:
+            out.append(stem + "e")
+    return [b for b in out if len(b) >= 3 and b != w]
+
+
+def _inflect(query: str) -> str:
+    from scopekb.stores.sqlite.text import _WORD, STOP_WORDS
+
+    extra = [b for t in _WORD.findall(query) if t.lower() not in STOP_WORDS for b in base_forms(t)]
+    return query + (" " + " ".join(extra) if extra else "")
+
+
+QUERY_VARIANTS = {"split": _split, "stop": _stop, "split_stop": lambda q: _stop(_split(q)), "inflect": _inflect}
+
+
+def sqlite_cross_fields(store, query: str, flt, size: int, tie: float = 0.3,
+                        terms=None) -> list[tuple[str, float, dict]]:
     """Experiment (c): SQLite keyword scored like OpenSearch's ``cross_fields`` — per query term, FTS5 ``bm25()``
     of each column alone (× its boost), the best column plus ``tie`` × the others; summed over terms. (FTS5 still
     normalises by the whole row's length, where Lucene normalises each field by its own.)"""
@@ -95,7 +138,7 @@ def sqlite_cross_fields(store, query: str, flt, size: int, tie: float = 0.3) -> 
     where, args = _filter_sql(flt)
     acc: dict[int, float] = {}
     with store._db.read() as conn:
-        for t in dict.fromkeys(query_tokens(query)):
+        for t in dict.fromkeys((terms or query_tokens)(query)):
             rows = conn.execute(
                 "SELECT c.rowid, -bm25(chunks_fts, 1, 0, 0, 0), -bm25(chunks_fts, 0, 1, 0, 0),"
                 " -bm25(chunks_fts, 0, 0, 1, 0), -bm25(chunks_fts, 0, 0, 0, 1) FROM chunks_fts"
@@ -125,7 +168,15 @@ def legacy_terms(store, query: str, flt, size: int) -> list[tuple[str, float, di
 
 
 #: Keyword scoring variants (experiment c): name -> (store, query, filter, size) -> raw hits.
-SCORING_VARIANTS = {"xf": sqlite_cross_fields, "legacy": legacy_terms}
+def sqlite_cross_fields_terms(store, query: str, flt, size: int) -> list[tuple[str, float, dict]]:
+    """``xf`` with today's query terms (:func:`scopekb.stores.sqlite.text.keyword_terms`: stop words dropped,
+    identifier parts added) in place of ``query_tokens``."""
+    from scopekb.stores.sqlite.text import keyword_terms
+
+    return sqlite_cross_fields(store, query, flt, size, terms=keyword_terms)
+
+
+SCORING_VARIANTS = {"xf": sqlite_cross_fields, "xfk": sqlite_cross_fields_terms, "legacy": legacy_terms}
 
 
 def search(args: argparse.Namespace) -> None:
