@@ -70,6 +70,7 @@ class Ingester:
         return cls(rt, SourceCache(lambda: rt.records.list_sources(), rt.coord.sources_version))
 
 
-def ingester(request: Request) -> Ingester:
-    """The app's ingester state (``app.state.ingester``)."""
+async def ingester(request: Request) -> Ingester:
+    """The app's ingester state (``app.state.ingester``). Async: FastAPI runs a plain ``def`` dependency in a
+    worker thread (a thread hand-off each way per webhook; issue 20)."""
     return request.app.state.ingester  # type: ignore[no-any-return]

@@ -20,8 +20,10 @@ class Caller(BaseModel):
     key: ApiKey | None = None
 
 
-def runtime(request: Request) -> Runtime:
-    """The runtime the app was built with (``app.state.runtime``)."""
+async def runtime(request: Request) -> Runtime:
+    """The runtime the app was built with (``app.state.runtime``). Async, as every dependency here that does no
+    blocking I/O: FastAPI runs a plain ``def`` dependency in a worker thread, a thread hand-off each way per
+    request (issue 20)."""
     return request.app.state.runtime  # type: ignore[no-any-return]
 
 
@@ -34,15 +36,16 @@ Rt = Annotated[Runtime, Depends(runtime)]
 _GATED_CALLER = "scopekb_caller"
 
 
-def caller(request: Request, rt: Rt) -> Caller:
+async def caller(request: Request, rt: Rt) -> Caller:
     """The caller of ``Authorization: Bearer <key>``: the admin token, or a live agent key (the runtime's cached
     :class:`scopekb.auth.KeyLookup`, shared with MCP). 401 without a bearer key or for an unknown/revoked key.
-    Reuses the caller :func:`bearer_gate` resolved for the same request and header."""
+    Reuses the caller :func:`bearer_gate` resolved for the same request and header; otherwise answered on the
+    event loop when the key cache can (:func:`cached_caller`), else looked up in a worker thread."""
     authorization = request.headers.get("authorization", "")
     gated = request.scope.get("state", {}).get(_GATED_CALLER)
     if gated is not None and gated[0] == authorization:
         return gated[1]  # type: ignore[no-any-return]
-    return caller_of(rt, authorization)
+    return cached_caller(rt, authorization) or await run_in_threadpool(caller_of, rt, authorization)
 
 
 def caller_of(rt: Runtime, authorization: str) -> Caller:
@@ -81,7 +84,7 @@ def cached_caller(rt: Runtime, authorization: str) -> Caller | None:
 CallerDep = Annotated[Caller, Depends(caller)]
 
 
-def admin_only(c: CallerDep, rt: Rt) -> Caller:
+async def admin_only(c: CallerDep, rt: Rt) -> Caller:
     """The admin caller; 403 when the admin API is disabled or the caller holds an agent key."""
     if rt.settings.query.admin_token is None:
         raise HTTPException(403, "admin API disabled: set SCOPEKB_QUERY__ADMIN_TOKEN")
