@@ -1,7 +1,9 @@
 """Baseline for webhook latency: a bare FastAPI endpoint on the same route that reads the body and answers 202.
 
-Served by uvicorn exactly like scopekb's ingester (one worker, log level warning, no access log), it is what any
-FastAPI webhook receiver costs before doing anything: no signature check, no parsing, no Redis.
+Served by uvicorn with the ingester's server settings (one worker, log level warning, no access log, h11, the
+keep-alive, concurrency, backlog and head-size settings of ``scopekb serve``: :func:`scopekb_bench.webhook.
+bare_server_args`), it is what any FastAPI webhook receiver costs before doing anything: no signature check, no
+parsing, no Redis.
 """
 
 from __future__ import annotations

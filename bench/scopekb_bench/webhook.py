@@ -11,6 +11,7 @@ flight; both servers are measured in two alternating rounds.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import subprocess
 import sys
 import time
@@ -18,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from scopekb.http.server import uvicorn_options
+from scopekb.settings import HttpSettings
 from scopekb_bench.stack import Stack, free_port, github_push
 from scopekb_bench.util import REPO, log
 
@@ -61,6 +65,24 @@ def _wait(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
     raise RuntimeError("bare webhook app did not answer")
 
 
+def bare_server_args(http: HttpSettings | None = None) -> list[str]:
+    """uvicorn command-line options giving the bare app the server settings ``scopekb serve`` gives the ingester
+    (:func:`scopekb.http.server.uvicorn_options`): the same HTTP implementation (h11; the ingester's protocol is
+    h11 with a header deadline, so the bare app must not pick httptools when it happens to be installed), event
+    loop choice (uvicorn's default for both), keep-alive timeout, concurrency limit, backlog and head-size cap."""
+    opts = uvicorn_options(http or HttpSettings())
+    if not issubclass(_protocol(opts["http"]), H11Protocol):
+        raise RuntimeError(f"scopekb serve's protocol {opts['http']} is not h11: update the bare baseline")
+    return ["--http", "h11", "--timeout-keep-alive", str(int(opts["timeout_keep_alive"])),
+            "--limit-concurrency", str(opts["limit_concurrency"]), "--backlog", str(opts["backlog"]),
+            "--h11-max-incomplete-event-size", str(opts["h11_max_incomplete_event_size"])]
+
+
+def _protocol(name: str) -> type:
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
 def measure(env: dict[str, str], logs: Path, run_id: str, repo_name: str, clone_url: str, n: int,
             concurrency: int = 16) -> dict[str, Any]:
     """Load both endpoints with ``n`` requests each (two rounds of ``n/2``); latencies in seconds."""
@@ -68,7 +90,7 @@ def measure(env: dict[str, str], logs: Path, run_id: str, repo_name: str, clone_
     port = free_port()
     fh = open(logs / "bare-webhook.log", "wb")  # noqa: SIM115 - closed below
     bare = subprocess.Popen([sys.executable, "-m", "uvicorn", "scopekb_bench.bare_webhook:app", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning", "--no-access-log"],
+                             "--port", str(port), "--log-level", "warning", "--no-access-log", *bare_server_args()],
                             cwd=REPO / "bench", stdout=fh, stderr=subprocess.STDOUT)
     bare_url = f"http://127.0.0.1:{port}/webhooks/github"
     try:

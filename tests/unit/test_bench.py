@@ -151,3 +151,18 @@ def test_a_sets_run_replaces_only_the_sets_part_of_the_committed_run(tmp_path: P
     assert out["meta"]["run_id"] == "full1" and out["meta"]["sets_run"]["run_id"] == "sets2"
     assert {m["id"]: m["value"] for m in out["metrics"]} == {"query.keyword.p50": 1, "sets.history.keyword.ndcg10": 0.4}
     assert out["series"] == {"quality": {"n": 1}, "quality_sets": {"history": {"queries": 5}}}
+
+
+def test_bare_webhook_baseline_is_served_with_the_ingesters_server_settings() -> None:
+    from scopekb_bench.webhook import bare_server_args
+
+    from scopekb.http.server import uvicorn_options
+    from scopekb.settings import HttpSettings
+
+    http = HttpSettings(limit_concurrency=7, keep_alive_timeout_s=3, max_header_bytes=8192, backlog=99)
+    opts = uvicorn_options(http)
+    args = bare_server_args(http)
+    given = dict(zip(args[::2], args[1::2], strict=True))
+    # h11, never whatever uvicorn's "auto" finds installed (httptools), since the ingester's protocol is h11's
+    assert given == {"--http": "h11", "--timeout-keep-alive": str(opts["timeout_keep_alive"]),
+                     "--limit-concurrency": "7", "--backlog": "99", "--h11-max-incomplete-event-size": "8192"}
