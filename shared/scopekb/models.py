@@ -62,7 +62,7 @@ class KeyCreate(BaseModel):
     rules of :class:`Scope`."""
 
     #: an unknown field is a 422 naming it (hostile review L3), never silently dropped
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     agent_name: str = Field(min_length=1, max_length=200)
     context_ids: list[str] | None = Field(default=None, max_length=1000)
@@ -124,7 +124,7 @@ class SourceCreate(Scope):
     An unknown field (``secret`` for ``webhook_secret``, ``source``, a typo) is refused, 422 naming it (hostile
     review L3), rather than dropped; the stored :class:`Source` ignores unknown fields."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     kind: Literal["git", "s3"] = Field(default="git", description="git repository or object-store prefix")
     repo_url: str = Field(default="", description="git: https/ssh clone URL, or a local path where allowed")
@@ -295,7 +295,7 @@ class SearchRequest(BaseModel):
     An unknown field (``agent_name``, ``source``, a typo such as ``max_result`` or ``cross_contexts``) is a 422
     naming it (hostile review L3): silently dropped, a typo searched without the filter the caller meant."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     query: str = Field(min_length=1, max_length=4096)
     mode: SearchMode = SearchMode.keyword

@@ -99,6 +99,8 @@ def read_lines(chunks: ChunkStore, blobs: BlobStore, scope: ScopeFilter, req: Re
     except BlobNotFound:
         raise NotFound("blob no longer in the blob store; sync the source again") from None
     lines = split_lines(data)
+    if len(lines) > 1 and not lines[-1]:
+        lines.pop()  # a final line end ends the last line; it starts none (`wc -l`, and what hits name)
     total = len(lines)
     if req.start_line > total:
         raise Refused(f"start_line {req.start_line} is past the blob's last line ({total} lines)", 422)

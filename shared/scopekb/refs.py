@@ -254,10 +254,12 @@ class RefIndex:
 
     def resolve(self, ref: str) -> str:
         """The ref name a search's ``ref`` means: a branch or tag name indexed for one of the sources, or a commit
-        id (full, or a prefix of at least 7 hex digits) that is the indexed head of such a ref.
+        id (full, or a prefix of at least 7 hex digits) that is the indexed head of such a ref; a commit that is the
+        head of several refs resolves to one of them when they all point at it (:meth:`_one_commit_ref`).
 
         Raises:
             NotFound: (404) no source of the scope has that ref indexed, and no indexed head is that commit.
+            Refused: (409) the id is a prefix of the heads of several refs at different commits.
         """
         name = ref.removeprefix(HEADS).removeprefix(TAGS)
         if any(name in h for h in self.heads.values()):
@@ -267,12 +269,33 @@ class RefIndex:
             found = sorted({n for h in self.heads.values() for n, c in h.items() if c.startswith(low)})
             if len(found) == 1:
                 return found[0]
+            same = self._one_commit_ref(found, low)
+            if same is not None:
+                return same
             if len(found) > 1:
                 raise Refused(f"commit {ref[:40]!r} is the head of several refs ({', '.join(found[:5])}); name "
                               "the ref", 409)
             raise CommitNotIndexed(ref.lower())
         raise NotFound(f"ref {ref[:200]!r} is not indexed for this scope (not a tracked branch or tag of its "
                        "sources)")
+
+    def _one_commit_ref(self, names: list[str], prefix: str) -> str | None:
+        """The ref to search when every ref in ``names`` has its head at the same commit (e.g. a tag on the branch
+        head, or a branch just created): a source's default ref among them, else the first by name that is not
+        a pin, else the first. None when the heads differ, when a source holds the chosen name at another commit
+        (searching that name would mix commits), or when a source holds the commit under other names only."""
+        commits = {c for h in self.heads.values() for n, c in h.items() if n in names and c.startswith(prefix)}
+        if len(commits) != 1 or not names:
+            return None
+        defaults = sorted(set(names) & set(self.defaults.values()))
+        plain = [n for n in names if n not in self.pinned]
+        chosen = (defaults or plain or names)[0]
+        commit = next(iter(commits))
+        for h in self.heads.values():
+            holds = any(c == commit for c in h.values())
+            if h.get(chosen, commit) != commit or (holds and h.get(chosen) != commit):
+                return None  # searching the name would mix commits or miss a source holding the commit
+        return chosen
 
     def commit(self, source_id: str | None, ref: str | None) -> str | None:
         """The indexed commit of ``ref`` in ``source_id``, or None."""

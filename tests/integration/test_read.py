@@ -85,7 +85,10 @@ def test_every_hit_reads_back_byte_exact(api: dict[str, Any]) -> None:  # noqa: 
     assert whole.content == FILES["crlf.py"]
     tail = c.get("/v1/read", params={"path": "crlf.py", "blob_sha": sha, "start_line": 4, "end_line": 99},
                  headers=mine).json()
-    assert (tail["content"], tail["start_line"], tail["end_line"], tail["total_lines"]) == ("x = 2\r\n", 4, 5, 5)
+    assert (tail["content"], tail["start_line"], tail["end_line"], tail["total_lines"]) == ("x = 2\r\n", 4, 4, 4)
+    # A final line end starts no line (hostile review: line 5 of this 4-line file read as 200 and empty).
+    past = c.get("/v1/read", params={"path": "crlf.py", "blob_sha": sha, "start_line": 5}, headers=mine)
+    assert past.status_code == 422 and "(4 lines)" in past.text, past.text
     # Latin-1 bytes are not UTF-8: they come back as base64 of the exact bytes.
     lat = git(repo, "rev-parse", "HEAD:latin1.txt").strip()
     body = c.get("/v1/read", params={"path": "latin1.txt", "blob_sha": lat, "end_line": 1}, headers=mine).json()
@@ -326,6 +329,8 @@ def test_a_source_with_many_refs_over_the_api(api: dict[str, Any]) -> None:  # n
     assert paths("main") == [("lib.py", "main", main)]
     assert paths("v1.0") == [("lib.py", "v1.0", main)]
     assert paths(feature[:12]) == paths("feature/x")
+    # main's head is also v1.0's: the commit a hit names resolves to the default ref (hostile review: 409)
+    assert paths(main) == paths(main[:9]) == [("lib.py", "main", main)]
     assert len(paths(None)) == 2  # one document for lib.py, shared by the three refs
     one = c.get(f"/v1/sources/{src['id']}").json()
     assert [(x["ref"], x["commit"]) for x in one["refs"]] == [("feature/x", feature), ("main", main), ("v1.0", main)]

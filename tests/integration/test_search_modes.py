@@ -341,6 +341,16 @@ def test_limits_and_refusals_over_rest(indexed: dict[str, Any]) -> None:
     assert r.status_code == 400 and "not supported" in r.json()["detail"], r.text
     r = c.post("/v1/search", json={"query": "a\nb", "mode": "exact"})
     assert r.status_code == 422 and "line break" in r.text
+    # NUL in an exact/regex literal (hostile review: SQLite's FTS5 MATCH answered 500 "unterminated string");
+    # no indexed line holds NUL, so no hit, on both stores
+    for q, mode in (("def\x00main(", "exact"), ("a\x00b", "exact"), ("\x00abc", "regex"), ("def\x00m.in", "regex")):
+        r = c.post("/v1/search", json={"query": q, "mode": mode})
+        assert r.status_code == 200 and r.json()["hits"] == [], (q, mode, r.status_code, r.text[:300])
+    # numbers JSON cannot echo (1e999 is inf, NaN): 422 naming the field, never 500 (hostile review)
+    for raw in (b'{"query": 1e999}', b'{"query": "x", "max_results": 1e400}', b'{"query": "x", "max_results": NaN}',
+                b'{"query": "x", "min_score": NaN}', b'{"query": "x", "metadata": {"k": -Infinity}}'):
+        r = c.post("/v1/search", content=raw, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422, (raw, r.status_code, r.text[:300])
     r = c.post("/v1/search", json={"query": "x", "mode": "keyword", "metadata": {"": "x"}})
     assert r.status_code == 422
     with pytest.raises(SearchUnavailable, match="query.text_scan_max"):  # no literal to narrow by, scope too large

@@ -109,3 +109,11 @@ def test_printable_and_where() -> None:
 def test_webhook_bodies_with_lone_surrogates_are_bad_requests(body: bytes, ctype: str) -> None:
     with pytest.raises(BadRequest, match="surrogate"):
         decode_body(body, ctype)
+
+
+def test_printable_gives_non_finite_numbers_as_text() -> None:
+    """1e999 and NaN in a JSON body parse to inf/nan, which JSON cannot carry: the 422 echo gives them as text
+    (hostile review: the echo raised ValueError in the response and the caller got a 500)."""
+    out = printable({"a": float("inf"), "b": [float("nan"), -float("inf")], "c": 1.5})
+    assert out == {"a": "inf", "b": ["nan", "-inf"], "c": 1.5}
+    json.dumps(out, allow_nan=False)

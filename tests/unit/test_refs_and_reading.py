@@ -55,6 +55,13 @@ def test_a_search_ref_resolves_to_a_name_or_an_indexed_head() -> None:
     with pytest.raises(NotFound, match="not indexed for this scope"):
         idx.resolve("nope")
     assert idx.commit("s1", "v1.0") == "e" * 40 and idx.commit("s2", "main") is None
+    # one source whose branch and tag share a head: the commit resolves to its default ref, else the first by name
+    one = RefIndex(heads={"s1": {"main": "b" * 40, "v1": "b" * 40, "v0": "c" * 40}}, defaults={"s1": "main"})
+    assert one.resolve("b" * 40) == "main" and one.resolve("bbbbbbbb") == "main"
+    two = RefIndex(heads={"s1": {"v2": "b" * 40, "v1": "b" * 40}, "s2": {"v1": "b" * 40}}, pinned=set())
+    assert two.resolve("b" * 40) == "v1"
+    with pytest.raises(Refused):  # s2 holds v1 at another commit: searching v1 would mix commits
+        RefIndex(heads={"s1": {"v2": "b" * 40, "v1": "b" * 40}, "s2": {"v1": "c" * 40}}).resolve("b" * 40)
 
 
 LINE_BYTES = st.lists(st.sampled_from([b"a", b"\xc3\xa9", b" ", b"\r", b"\n", b"\r\n", b"x\ty", b"\xe2\x80\xa8"]),

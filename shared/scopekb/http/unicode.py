@@ -17,6 +17,7 @@ each used by the query service and the ingester (which may not import each other
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -67,7 +68,8 @@ def lone_surrogate_at(value: Any, where: str = "body") -> str | None:
 
 def printable(value: Any, max_chars: int = MAX_ECHO_CHARS) -> Any:
     """``value`` made safe to echo in JSON: bytes decoded as UTF-8 with ``\\xNN`` escapes, lone surrogates as
-    ``\\udNNN`` escapes, strings cut at ``max_chars`` (``…``), containers bounded to 20 items, recursively."""
+    ``\\udNNN`` escapes, strings cut at ``max_chars`` (``…``), containers bounded to 20 items, recursively;
+    a non-finite float (``1e999``, ``NaN`` in a JSON body) as its text, since JSON cannot carry it."""
     if isinstance(value, bytes):
         value = value[: max_chars * 4].decode("utf-8", "backslashreplace")
     if isinstance(value, str):
@@ -80,6 +82,8 @@ def printable(value: Any, max_chars: int = MAX_ECHO_CHARS) -> Any:
         return {printable(str(k), 100): printable(v, max_chars) for k, v in list(value.items())[:20]}
     if isinstance(value, list | tuple | set):
         return [printable(v, max_chars) for v in list(value)[:20]]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no inf/nan: 1e999 or NaN in a body is echoed as "inf"/"nan"
     if value is None or isinstance(value, bool | int | float):
         return value
     return printable(str(value), max_chars)

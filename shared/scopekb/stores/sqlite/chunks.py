@@ -809,12 +809,15 @@ class SqliteChunkStore:
     def literal_candidates(self, lq: LiteralQuery, flt: SearchFilter, limit: int) -> Iterator[RawHit]:
         """Chunks within ``flt`` whose content holds every literal of one group of ``lq`` by the trigram table
         (``MATCH`` of quoted phrases; literals shorter than 3 characters cannot use it: then every chunk of
-        ``flt`` is a candidate), in path / chunk index / rowid order, at most ``limit``; documents are read in
-        batches of 200."""
+        ``flt`` is a candidate; a literal holding NUL is matched by its NUL-free pieces), in path / chunk index /
+        rowid order, at most ``limit``; documents are read in batches of 200."""
         where, args = _filter_sql(flt)
-        if lq.groups and all(len(x) >= MIN_LITERAL for g in lq.groups for x in g):
+        # FTS5 reads its query as a C string, so a literal holding NUL is matched by its NUL-free pieces of 3+
+        # characters (a looser candidate filter; the verifying pass still checks every line)
+        groups = [[p for x in g for p in x.split("\0") if len(p) >= MIN_LITERAL] for g in lq.groups]
+        if lq.groups and all(len(x) >= MIN_LITERAL for g in lq.groups for x in g) and all(groups):
             match = " OR ".join("(" + " AND ".join('"' + x.replace('"', '""') + '"' for x in g) + ")"
-                                for g in lq.groups)
+                                for g in groups)
             sql = (f"SELECT c.rowid FROM chunks_tri t JOIN chunks c ON c.rowid = t.rowid WHERE chunks_tri MATCH ?"
                    f" AND {where} ORDER BY c.path, c.chunk_index, c.rowid LIMIT ?")
             params: list[Any] = [match, *args, limit]
