@@ -193,18 +193,7 @@ def plan_batches(lengths: Sequence[int], max_texts: int, max_tokens: int) -> lis
     """Positions grouped into forward passes: sorted by length (longest first), each batch at most
     ``max_texts`` texts and at most ``max_tokens`` padded tokens (texts × its longest length); a single text
     longer than ``max_tokens`` is a batch of its own. Every position appears exactly once."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        width = lengths[cur[0]] if cur else lengths[i]  # longest first: the first one sets the width
-        if cur and (len(cur) >= max_texts or width * (len(cur) + 1) > max_tokens):
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    return batches
+    return _pack(lengths, max_tokens, max_texts=max_texts)
 
 
 def length_groups(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -212,12 +201,20 @@ def length_groups(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     tokens (texts × its longest length) and no text shorter than half its longest, so none is padded to more than
     twice its length; a text longer than ``max_tokens`` is a pass of its own. Every position appears exactly once.
     Example: lengths ``[9, 9, 256, 9]``, 1024 → ``[[2], [0, 1, 3]]``."""
+    return _pack(lengths, max_tokens, at_least_half=True)
+
+
+def _pack(lengths: Sequence[int], max_tokens: int, max_texts: int | None = None,
+          at_least_half: bool = False) -> list[list[int]]:
+    """Longest first, a new group when the current one would pass ``max_tokens`` padded tokens, hold more than
+    ``max_texts`` texts, or (``at_least_half``) get a text shorter than half its longest."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
     cur: list[int] = []
     for i in order:
-        width = lengths[cur[0]] if cur else lengths[i]
-        if cur and (2 * lengths[i] < width or width * (len(cur) + 1) > max_tokens):
+        width = lengths[cur[0]] if cur else lengths[i]  # longest first: the first one sets the width
+        full = (max_texts is not None and len(cur) >= max_texts) or width * (len(cur) + 1) > max_tokens
+        if cur and (full or (at_least_half and 2 * lengths[i] < width)):
             groups.append(cur)
             cur = []
         cur.append(i)
