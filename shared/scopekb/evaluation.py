@@ -268,8 +268,10 @@ def build_and_search(rt: Runtime, source: Source, sample: int = 100, kinds: tupl
             stripped, all_qs = evalsets.docstring_set(files)
             qs = evalsets.sample(all_qs, sample, seed)
             if not qs and empty is not None:
+                rule = (f"a query comes from a function of 3 or more lines, not a test or dunder method, whose "
+                        f"docstring's first paragraph has {evalsets.MIN_QUERY_WORDS} or more words")
                 empty["docstring"] = (f"no documented Python function at {head[:12]} ({len(files)} Python file(s) "
-                                      "read): a function with a docstring makes one query")
+                                      f"read): {rule}")
             if qs:
                 repo = tmp / "docstring"
                 for path, text in stripped.items():
