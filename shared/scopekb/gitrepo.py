@@ -213,12 +213,17 @@ class Mirror:
     def has_commit(self, sha: str | None) -> bool:
         """True when ``sha`` is a commit present in the mirror (the id of an annotated tag object is not one: its
         commit is :meth:`resolve`)."""
+        return self.object_type(sha) == "commit"
+
+    def object_type(self, sha: str | None) -> str | None:
+        """The git type of object ``sha`` in the mirror (``commit``, ``tree``, ``blob`` or ``tag``), or None when
+        ``sha`` is not an object id or the mirror lacks it."""
         if not is_sha(sha):
-            return False
+            return None
         try:
-            return str(self.repo.git.cat_file("-t", sha)).strip() == "commit"
+            return str(self.repo.git.cat_file("-t", sha)).strip() or None
         except git.GitCommandError:
-            return False
+            return None
 
     def tree(self, commit: str) -> list[TreeEntry]:
         """Every entry of the commit's tree, recursively, with sizes (``git ls-tree -r -l -z``).

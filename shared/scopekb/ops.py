@@ -448,12 +448,13 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
     Raises:
         NotFound: (404) ``commit`` is not a full commit id; no git source of the scope (narrowed by ``source_id``
             and ``repo``); or the local mirrors of every candidate source lack the commit (another repository's,
-            a tree or blob id, or one pushed since the source's last sync: the message says a sync fetches it).
+            a tree or blob id (the message names its type), or one pushed since the source's last sync: the
+            message says a sync fetches it).
+        Refused: (422) several sources may hold it and none is named; (429) the source already holds
+            ``git.max_pins_per_source`` pins.
 
     The id of an annotated tag object is pinned as the commit it tags (``<id>^{commit}``), and the answer's
     ``ref`` is that commit: search with it.
-        Refused: (422) several sources may hold it and none is named; (429) the source already holds
-            ``git.max_pins_per_source`` pins.
     """
     commit = commit.lower()
     if not _FULL_SHA.match(commit):
@@ -470,6 +471,7 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
             return {"status": "pinning", "ref": commit, "source_id": src.id, "job_id": st.get("job_id"),
                     "expires_at": st.get("expires_at")}
     holding, unknown = [], []
+    not_commit: str | None = None  # the type of `commit` in a mirror where it names a tree or a blob
     peeled: dict[str, str] = {}  # source id -> the commit `commit` names there (an annotated tag: its commit)
     for src in sources:
         where = mirror_path(git_cache_dir(rt.settings), src.repo_url)
@@ -483,6 +485,8 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
             if (named := mirror.resolve(commit)) is not None:
                 holding.append(src)
                 peeled[src.id] = named
+            elif (kind := mirror.object_type(commit)) in ("tree", "blob"):
+                not_commit = kind
         finally:
             mirror.close()
     # a source with an indexed tracked ref first (the pin diffs from it and belongs with it), never one that tracks
@@ -490,6 +494,8 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
     holding.sort(key=lambda s: not any(st.get("commit") and not st.get("pinned")
                                        for st in ref_states(rt.records, s).values()))
     chosen = holding[:1] or unknown
+    if not chosen and not_commit:
+        raise NotFound(f"{commit} is a {not_commit} id, not a commit: give a commit id, a branch or a tag as ref")
     if not chosen:  # hostile review L1: only the local mirrors were asked, as of each source's last fetch
         raise NotFound(f"commit {commit} is not in the repository of any source of this scope as last fetched "
                        "(no commit there, or not fetched yet): a commit pushed since is fetched by a sync of its "

@@ -261,9 +261,10 @@ def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -
     assert by_tag.json()["source_id"] == src_id, by_tag.text
     r = c.post("/v1/search", json={"query": "profiles_marker_function", "ref": parent}, headers=mine)
     assert r.status_code == 200 and {h["commit"] for h in r.json()["hits"]} == {parent}, r.text
-    for obj in (f"{parent}^{{tree}}", f"{parent}:lib.py"):  # a tree or blob id stays 404
+    for obj, kind in ((f"{parent}^{{tree}}", "tree"), (f"{parent}:lib.py", "blob")):  # a tree or blob id: 404
         r = c.post("/v1/search", json={"query": "x", "ref": git(repo, "rev-parse", obj).strip()}, headers=mine)
         assert r.status_code == 404, (obj, r.text)
+        assert f"is a {kind} id, not a commit" in r.json()["detail"], r.text  # not "a sync fetches it"
     api["rt"].settings.git.max_pins_per_source = 1
     limited = c.post("/v1/search", json={"query": "x", "ref": side}, headers=mine)
     assert limited.status_code == 429 and "git.max_pins_per_source=1" in limited.json()["detail"], limited.text
