@@ -874,6 +874,7 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     out.print(f"search store: {line}" + (f"; {health['problem']}" if health["problem"] else ""), markup=False,
               highlight=False, soft_wrap=True)
     t = Table("source", "scope", "repo", "status", "refs: indexed commit, lag", "documents", "chunks", "ranking")
+    t.columns[0].no_wrap = True  # a source id is copied into other commands: never split it over two lines
     for r in rows:
         refs = "; ".join(f"{x['ref']} {(x['commit'] or '-')[:12]}" + (
             f" behind {x['lag_s']:g} s" if x["behind"] else "") + (" pinned" if x["pinned"] else "")

@@ -175,3 +175,24 @@ def test_status_lists_each_tracked_ref_with_its_indexed_commit_and_lag(env: dict
     assert row["refs"] == [{"ref": "main", "commit": head, "behind": False, "lag_s": 0.0, "pinned": False}], row
     p = run(["status"], {**env, "COLUMNS": "250"}, tmp_path)
     assert p.returncode == 0 and f"main {head[:12]}" in p.stdout and "READY" in p.stdout, p.stdout
+
+
+def test_eval_of_short_docstrings_states_the_rule(env: dict[str, str], tmp_path: Path) -> None:
+    """README newcomer: a repository whose only docstring is two words made "no documented Python function",
+    which read as a bug; the line now states the rule a function must meet to make a query."""
+    repo = git_repo(tmp_path / "short", {"a.py": 'def retry_helper(x):\n    """Add one."""\n    y = x + 1\n'
+                                                 '    return y\n'})
+    assert run(["index", str(repo)], env, tmp_path).returncode == 0
+    p = run(["eval", source_id(env, tmp_path, "short"), "--set", "docstring"], env, tmp_path, timeout=300)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("embeddings:")]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr
+    assert "docstring set: no documented Python function" in lines[0] and "3 or more words" in lines[0], lines
+
+
+def test_status_keeps_a_source_id_on_one_line_at_80_columns(env: dict[str, str], tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "narrow", {"a.py": "def retry_helper():\n    return 1\n"})
+    assert run(["index", str(repo)], env, tmp_path).returncode == 0
+    sid = source_id(env, tmp_path, "narrow")
+    p = run(["status"], {**env, "COLUMNS": "80"}, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert sid in p.stdout, p.stdout  # whole, so it can be copied into `scopekb sync` / `eval`

@@ -81,21 +81,3 @@ def test_eval_distributed(tmp_path: Path, real_repo: Path, opensearch_client, op
     finally:
         opensearch_client.indices.delete(index=f"{run_id}-*", ignore_unavailable=True)
 
-
-def test_eval_says_why_a_set_is_empty(tmp_path: Path) -> None:
-    """A repository whose docstrings are too short for a query and whose one commit has no parent: eval fails with
-    one line per empty set, and the docstring line states the rule (the minimum number of words)."""
-    repo = tmp_path / "tiny"
-    repo.mkdir()
-    (repo / "m.py").write_text('def f(x):\n    """Add one."""\n    y = x + 1\n    return y\n', encoding="utf-8")
-    for args in (["init", "--quiet", "--initial-branch", "main"], ["add", "m.py"],
-                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "first commit here"]):
-        subprocess.run(["git", "-C", str(repo), *args], check=True)
-    env = base_env(tmp_path)
-    env.update(SCOPEKB_DATA_DIR=str(tmp_path / "data"), SCOPEKB_GIT__ALLOW_LOCAL_PATHS="true")
-    p = run(["source", "add", "--agent", "ev", "--context", "tiny", "--repo", str(repo), "--ref", "main",
-             "--no-webhooks"], env, tmp_path)
-    assert p.returncode == 0, p.stderr
-    p = run(["eval", p.stdout.strip(), "--set", "docstring"], env, tmp_path, timeout=300)
-    assert p.returncode != 0
-    assert "docstring set: no documented Python function" in p.stderr and "3 or more words" in p.stderr, p.stderr
