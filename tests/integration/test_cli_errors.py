@@ -138,6 +138,16 @@ def test_init_against_a_foreign_alias_is_one_line(tmp_path: Path, dist, opensear
         assert_one_line_error(run(args, env, tmp_path, timeout=60))
 
 
+def test_init_creates_the_system_indices_a_sync_reads(tmp_path: Path, dist, opensearch_client) -> None:
+    """Issue 20: `scopekb init` also creates the overlays index, which every sync reads while planning (the first
+    sync of a deployment created it inside its read phase)."""
+    env, run_id = dist
+    p = run(["init"], env, tmp_path)
+    assert p.returncode == 0 and "system indices ready" in p.stdout, (p.stdout, p.stderr)
+    for kind in ("sources", "jobs", "state", "keys", "overlays"):
+        assert opensearch_client.indices.exists(index=f"{run_id}-sys-{kind}"), kind
+
+
 def test_index_a_local_folder_in_the_distributed_profile_refuses_up_front(tmp_path: Path, dist, folder: Path
                                                                           ) -> None:
     env, _ = dist

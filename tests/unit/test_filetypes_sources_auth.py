@@ -5,6 +5,8 @@ from __future__ import annotations
 import codecs
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scopekb import filetypes as ft
 from scopekb.auth import ApiKey, ScopeDenied, ScopeMissing, hash_key, new_key, resolve_scope
@@ -16,6 +18,20 @@ def test_decode_variants() -> None:
     assert ft.decode_text(codecs.BOM_UTF8 + "héllo\r\nx\r".encode()) == "héllo\nx\n"
     assert ft.decode_text(codecs.BOM_UTF16_LE + "grüß".encode("utf-16-le")) == "grüß"
     assert ft.decode_text("café".encode("latin-1")) == "café"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"a", b" ", b"\n", b"\t", b"\r", b"\x01", b"\x07", b"\x1b", b"\x1f", b"\x7f",
+                                 b"\x0b", b"\x0c", b"\x08"]), max_size=200).map(b"".join),
+       st.integers(min_value=0, max_value=9000))
+def test_ascii_fast_path_matches_the_decoded_check(body: bytes, pad: int) -> None:
+    """Issue 20: ASCII blobs are classified without decoding (controls counted on the bytes); the answer is the
+    one the decode-and-count path gives, for every share of control characters and across the sniff window."""
+    data = b"x" * pad + body
+    assert ft._too_many_control_bytes(data) == ft._too_many_controls(data.decode("ascii"))
+    want = None if not data.strip() else ("utf-8" if not ft._too_many_controls(data.decode()) else None)
+    assert (ft.sniff_encoding(data) if data.strip() else None) == want
+    assert (ft.content_skip_reason(data) == ft.SKIP_EMPTY) == (not data.strip())
 
 
 def test_content_skip_reasons() -> None:
