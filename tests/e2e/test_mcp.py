@@ -164,6 +164,25 @@ def test_mcp_http_lists_tools_indexes_and_searches(stack: Stack, mcp_world: dict
     assert _text(ours).startswith(f"No results for {FUNC!r} (mode keyword; agent {OTHER!r}, context 'ctx-1'; ")
 
 
+def test_the_python_example_searches_over_mcp(stack: Stack, mcp_world: dict[str, Any]) -> None:
+    """README's Python MCP client (examples/mcp_search.py) finds the indexed function through the running service;
+    without a key it exits 2 with a one-line error."""
+    srcs = mcp_world["sources"]
+    with stack.admin() as admin:  # the source is indexed (a no-op sync if the test above already ran)
+        job = admin.post(f"/v1/sources/{srcs[AGENT]}/sync")
+    assert job.status_code in (200, 202), job.text
+    stack.wait_job(job.json()["job_id"], timeout_s=120)
+    env = {**os.environ, "SCOPEKB_KEY": mcp_world["keys"]["mine"]}
+    cmd = [sys.executable, str(ROOT / "examples" / "mcp_search.py"), FUNC, "--url", stack.query_url + "/mcp",
+           "--mode", "keyword"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "[1] pkg/widgets.py:" in p.stdout and f"def {FUNC}" in p.stdout, p.stdout
+    no_key = subprocess.run(cmd, env={k: v for k, v in env.items() if k != "SCOPEKB_KEY"}, capture_output=True,
+                            text=True, timeout=60)
+    assert no_key.returncode == 2 and no_key.stderr.startswith("error: set SCOPEKB_KEY"), no_key.stderr
+
+
 @pytest.mark.parametrize("auth", [None, "Bearer nope", "Bearer " + ADMIN_TOKEN, "Basic abc", "revoked"])
 def test_mcp_http_refuses_bad_keys(stack: Stack, mcp_world: dict[str, Any], auth: str | None) -> None:
     if auth == "revoked":
