@@ -53,12 +53,20 @@ def to_bytes(src: dict[str, Any]) -> dict[str, Any]:
 
 
 def variant_body(name: str, dimension: int | None) -> dict[str, Any]:
-    """Settings and mapping of one variant: ``v7`` the mapping of version 7; ``current`` what this checkout's
-    :mod:`scopekb.fields` builds; other names, joined by ``+``, apply changes to this checkout's mapping with the
-    float32 encoder (``nocodec``: the default codec, ``codec``: best_compression, ``wcnodv``: ``content.wc`` without
-    doc values, ``nowc``: no ``content.wc``, ``novec``: no vector, ``byte``: ``data_type: byte`` with int8 values,
-    ``bytedv``: the same with the vector's doc values, ``noderived``: derived source off, the vector in
-    ``_source``)."""
+    """Settings and mapping of one variant: ``current`` is what this checkout's :mod:`scopekb.fields` builds (float32
+    vectors); other names join parts with ``+``, each a change applied in order to that mapping:
+
+    - ``v8``: back to mapping version 8 (``content.wc`` a ``wildcard`` field, positions on ``content`` and
+      ``path.text``, ``symbol.keyword``/``signature.keyword``, doc values on every field but the vector);
+      ``v7``: no change (kept so older variant names still parse; with ``v8+nocodec`` it is version 7);
+    - ``nocodec``: the default codec; ``codec``: ``best_compression``;
+    - ``wcnodv`` (after ``v8``): ``content.wc`` without doc values; ``nowc``: no sub-field of ``content`` at all;
+    - ``tri``/``trilc``: the 3-gram sub-field (docs only, no norms; ``trilc`` lower-cased) in place of it;
+    - ``nopos``: ``content`` without positions; ``pathfreqs``: ``path.text`` without positions;
+    - ``nokwsub``: no ``symbol.keyword``/``signature.keyword``; ``dvlean``: doc values only on fields sorted or
+      aggregated on;
+    - ``novec``: no vector; ``byte``: ``data_type: byte`` with int8 values; ``bytedv``: the same with the vector's
+      doc values; ``noderived``: derived source off, the vector in ``_source``."""
     from scopekb import fields as F
 
     settings = F.chunk_index_settings(1, 0, knn=bool(dimension) and name != "novec")
@@ -67,10 +75,21 @@ def variant_body(name: str, dimension: int | None) -> dict[str, Any]:
         return {"settings": settings, "mappings": mapping}
     props = mapping["properties"]
     for part in name.split("+"):
-        if part == "v7" or part == "novec":
+        if part in ("v7", "novec"):
             continue
         if part == "codec":
             settings["index"]["codec"] = "best_compression"
+        elif part == "v8":  # mapping version 8: content.wc a wildcard field, positions, keyword sub-fields,
+            # doc values on every field that has them by default
+            props[F.CONTENT] = {k: v for k, v in props[F.CONTENT].items() if k != "index_options"}
+            props[F.CONTENT]["fields"] = {"wc": {"type": "wildcard"}}
+            props[F.PATH]["fields"]["text"].pop("index_options", None)
+            sub = {"fields": {"keyword": {"type": "keyword", "ignore_above": 512}}}
+            props[F.SYMBOL] = {**props[F.SYMBOL], **sub}
+            props[F.SIGNATURE] = {**props[F.SIGNATURE], **sub}
+            for f, p in props.items():
+                if p.get("doc_values") is False and f != F.EMBEDDING:
+                    props[f] = {k: v for k, v in p.items() if k != "doc_values"}
         elif part == "wcnodv":
             props[F.CONTENT]["fields"]["wc"]["doc_values"] = False
         elif part == "byte":
@@ -84,6 +103,25 @@ def variant_body(name: str, dimension: int | None) -> dict[str, Any]:
             settings["index"].pop("codec", None)
         elif part == "nowc":
             props[F.CONTENT].pop("fields", None)
+        elif part in ("tri", "trilc"):  # content.wc as a text field of 3-grams: postings only (no freqs,
+            # positions or norms); "trilc" lower-cases the grams
+            an = settings["index"]["analysis"] = copy.deepcopy(settings["index"]["analysis"])
+            an.setdefault("tokenizer", {})["ib_tri"] = {"type": "ngram", "min_gram": 3, "max_gram": 3}
+            an["analyzer"]["ib_tri"] = {"type": "custom", "tokenizer": "ib_tri",
+                                        **({"filter": ["lowercase"]} if part == "trilc" else {})}
+            props[F.CONTENT]["fields"] = {"tri": {"type": "text", "analyzer": "ib_tri", "index_options": "docs",
+                                                 "norms": False}}
+        elif part == "nopos":
+            props[F.CONTENT]["index_options"] = "freqs"
+        elif part == "dvlean":  # doc values only where sorts and aggregations need them
+            for f in (F.REPO, F.REF, F.REFS, F.COMMIT, F.LANGUAGE, F.KIND, F.EMBEDDING_MODEL, F.DEF_NAMES,
+                      F.DEF_PATHS, F.DEF_KINDS, F.START_LINE, F.END_LINE):
+                props[f] = {**props[f], "doc_values": False}
+        elif part == "pathfreqs":
+            props[F.PATH]["fields"]["text"]["index_options"] = "freqs"
+        elif part == "nokwsub":
+            props[F.SYMBOL].pop("fields", None)
+            props[F.SIGNATURE].pop("fields", None)
         else:
             raise SystemExit(f"unknown variant part {part!r}")
     return {"settings": settings, "mappings": mapping}

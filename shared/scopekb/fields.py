@@ -35,8 +35,10 @@ EMBEDDING = "embedding"
 EMBEDDING_MODEL = "embedding_model"
 METADATA = "metadata"
 INDEXED_AT = "indexed_at"
-#: ``content`` as a ``wildcard`` field (3-gram index + the exact value): the candidate filter of exact/regex search.
-CONTENT_WC = "content.wc"
+#: ``content`` cut into every 3-character sequence (3-grams of code points, case kept; postings without frequencies,
+#: positions or norms): the candidate filter of exact/regex search (:func:`trigram_clauses`). Mapping versions 4-8
+#: used a ``wildcard`` field here, which also indexes every 1- and 2-gram.
+CONTENT_TRI = "content.tri"
 #: Definitions in the chunk (stored, not indexed): ``[{"name", "path", "kind", "signature", "line"}]``.
 DEFS = "defs"
 #: Indexed views of ``defs`` for symbol search: names and qualified paths lower-cased (keyword + normalizer), kinds.
@@ -56,7 +58,12 @@ DEF_KINDS = "def_kinds"
 #: 8: stored fields with ``index.codec: best_compression`` (DEFLATE; the stored ``_source`` was 13% of the index at
 #: version 7 and shrinks by 39%), and the ``int8`` vector encoder (:func:`int8_vector`, ``data_type: byte``: 384 bytes
 #: a 384-d vector instead of 1,536; issue 19, docs/benchmarks.md).
-MAPPING_VERSION = 8
+#: 9: a leaner index for the same answers (issue 19, index bytes ÷ source bytes, docs/benchmarks.md): the candidate
+#: filter of exact/regex search is ``content.tri`` (3-grams, postings only) instead of the ``wildcard`` field
+#: ``content.wc``; ``content`` and ``path.text`` keep term frequencies but no positions (no query uses phrases);
+#: no ``symbol.keyword``/``signature.keyword`` (nothing read them); doc values only on the fields sorted or
+#: aggregated on (:data:`_NO_DOC_VALUES`).
+MAPPING_VERSION = 9
 
 #: BM25 field boosts in the order symbol, signature, content, path (the Turso seed weights name 5.0 and signature
 #: 3.0 over content). A context may use others chosen on its own evaluation set (``scopekb eval --tune``,
@@ -81,6 +88,7 @@ KEYWORD_FIELDS = keyword_fields()
 KEYWORD_MATCH: dict[str, Any] = {"fields": KEYWORD_FIELDS, "type": "cross_fields", "tie_breaker": 0.3}
 
 CODE_ANALYZER = "scopekb_code"
+TRIGRAM_ANALYZER = "scopekb_trigram"
 CODE_SEARCH_ANALYZER = "scopekb_code_search"
 LOWER_NORMALIZER = "scopekb_lower"
 
@@ -102,6 +110,8 @@ _ANALYSIS: dict[str, Any] = {
     "tokenizer": {
         # Identifiers (letters, digits, underscore) are tokens; everything else separates them.
         "scopekb_identifier": {"type": "pattern", "pattern": "[^\\p{L}\\p{N}_]+"},
+        # every 3 consecutive code points of the text, whitespace and punctuation included (no token_chars)
+        TRIGRAM_ANALYZER: {"type": "ngram", "min_gram": 3, "max_gram": 3},
     },
     "normalizer": {LOWER_NORMALIZER: {"type": "custom", "filter": ["lowercase"]}},
     "analyzer": {
@@ -117,6 +127,7 @@ _ANALYSIS: dict[str, Any] = {
             "tokenizer": "scopekb_identifier",
             "filter": ["lowercase"],
         },
+        TRIGRAM_ANALYZER: {"type": "custom", "tokenizer": TRIGRAM_ANALYZER},
     },
 }
 
@@ -146,6 +157,71 @@ def stored_vector(vec: Any, encoder: str) -> list[float] | list[int]:
     return int8_vector(vec) if encoder == "int8" else [float(x) for x in vec]
 
 
+#: Fields only filtered on (term, terms, range, exists queries), never sorted or aggregated on: no doc values (mapping
+#: version 9). Sorted or aggregated on, so with doc values: path, chunk_index, source_id, context_id, agent_name,
+#: content_sha, blob_sha, indexed_at (:mod:`scopekb.stores.opensearch`).
+_NO_DOC_VALUES = (REPO, REF, REFS, COMMIT, LANGUAGE, KIND, EMBEDDING_MODEL, DEF_NAMES, DEF_PATHS, DEF_KINDS,
+                  START_LINE, END_LINE)
+
+#: At most this many 3-gram terms in one candidate filter (:func:`trigram_clauses`): OpenSearch counts every clause
+#: of a query (a ``terms`` clause of up to 16 values becomes one per value) against
+#: ``indices.query.bool.max_clause_count`` (1,024 by default).
+MAX_TRIGRAM_CLAUSES = 512
+#: Characters that match an ASCII letter ignoring case besides its two ASCII cases (Unicode simple case folding:
+#: KELVIN SIGN folds to ``k``, LATIN SMALL LETTER LONG S to ``s``; RE2's ``(?i)`` matches them).
+_FOLDS_TO_ASCII = {"k": "\u212a", "s": "\u017f"}
+
+
+def _case_variants(ch: str) -> list[str]:
+    """The characters a literal's ``ch`` matches ignoring case: itself unless it is an ASCII letter."""
+    if not (ch.isascii() and ch.isalpha()):
+        return [ch]
+    low = ch.lower()
+    return [low, low.upper(), *([_FOLDS_TO_ASCII[low]] if low in _FOLDS_TO_ASCII else [])]
+
+
+def trigram_clauses(literals: list[str], case_sensitive: bool, budget: int = MAX_TRIGRAM_CLAUSES
+                    ) -> list[dict[str, Any]]:
+    """Filter clauses on :data:`CONTENT_TRI` that every document holding all of ``literals`` satisfies: each literal
+    requires its 3-grams (code points, as the ``ngram`` tokenizer cuts them). With ``case_sensitive`` false the
+    literals are ASCII (:class:`scopekb.textsearch.LiteralQuery`) and each 3-gram is a ``terms`` clause over its
+    case variants (ASCII upper and lower case, plus the two non-ASCII letters that fold to ``k`` and ``s``).
+
+    The clauses are a candidate filter, a superset of the answer: line verification (:mod:`scopekb.textsearch`)
+    decides. Literals shorter than 3 characters give no clause. ``budget`` bounds the terms of all clauses
+    (OpenSearch counts each against ``indices.query.bool.max_clause_count``): when the 3-grams need more, each
+    literal keeps an evenly spread share of its own (with two or more, the first and last), which only widens the
+    filter. Returns a list of ``term``/``terms`` clauses (empty: no filter)."""
+    grams_of = []
+    for lit in literals:
+        g = list(dict.fromkeys(lit[i:i + 3] for i in range(len(lit) - 2)))
+        if g:
+            grams_of.append(g)
+    if not grams_of:
+        return []
+    # a case-insensitive 3-gram of letters has up to 27 variants, 8 for most
+    share = max(1, budget // len(grams_of) // (1 if case_sensitive else 8))
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for g in grams_of:
+        if len(g) > share:
+            step = (len(g) - 1) / max(1, share - 1)
+            g = [g[round(i * step)] for i in range(share)] if share > 1 else [g[len(g) // 2]]
+        for gram in g:
+            if gram in seen:
+                continue
+            seen.add(gram)
+            variants = [""]
+            for ch in ([gram] if case_sensitive else gram):
+                variants = [v + c for v in variants for c in ([ch] if case_sensitive else _case_variants(ch))]
+            if len(variants) > budget:
+                continue
+            budget -= len(variants)
+            out.append({"terms": {CONTENT_TRI: sorted(set(variants))}} if len(variants) > 1
+                       else {"term": {CONTENT_TRI: gram}})
+    return out
+
+
 def chunk_mapping(dimension: int | None, model: str | None = None, encoder: str = "none") -> dict[str, Any]:
     """Return the chunk index mapping; ``dimension`` None means keyword-only (no ``embedding`` field).
 
@@ -164,8 +240,7 @@ def chunk_mapping(dimension: int | None, model: str | None = None, encoder: str 
     :func:`int8_vector`; the OpenSearch store converts what it writes and the query vector).
     ``_meta`` records ``model`` and ``encoder`` so a process configured for other vectors refuses the index.
     """
-    text_kw = {"type": "text", "analyzer": CODE_ANALYZER, "search_analyzer": CODE_SEARCH_ANALYZER,
-               "fields": {"keyword": {"type": "keyword", "ignore_above": 512}}}
+    text_kw = {"type": "text", "analyzer": CODE_ANALYZER, "search_analyzer": CODE_SEARCH_ANALYZER}
     props: dict[str, Any] = {
         AGENT_NAME: {"type": "keyword"},
         CONTEXT_ID: {"type": "keyword"},
@@ -175,13 +250,16 @@ def chunk_mapping(dimension: int | None, model: str | None = None, encoder: str 
         REFS: {"type": "keyword"},
         COMMIT: {"type": "keyword"},
         PATH: {"type": "keyword", "fields": {"text": {"type": "text", "analyzer": CODE_ANALYZER,
-                                                      "search_analyzer": CODE_SEARCH_ANALYZER}}},
+                                                      "search_analyzer": CODE_SEARCH_ANALYZER,
+                                                      "index_options": "freqs"}}},
         LANGUAGE: {"type": "keyword"},
         KIND: {"type": "keyword"},
         SYMBOL: text_kw,
         SIGNATURE: text_kw,
         CONTENT: {"type": "text", "analyzer": CODE_ANALYZER, "search_analyzer": CODE_SEARCH_ANALYZER,
-                  "fields": {"wc": {"type": "wildcard"}}},
+                  "index_options": "freqs",
+                  "fields": {CONTENT_TRI.split(".", 1)[1]: {"type": "text", "analyzer": TRIGRAM_ANALYZER,
+                                                            "index_options": "docs", "norms": False}}},
         CHUNK_INDEX: {"type": "integer"},
         START_LINE: {"type": "integer"},
         END_LINE: {"type": "integer"},
@@ -196,6 +274,8 @@ def chunk_mapping(dimension: int | None, model: str | None = None, encoder: str 
         DEF_PATHS: {"type": "keyword", "normalizer": LOWER_NORMALIZER, "ignore_above": 1024},
         DEF_KINDS: {"type": "keyword"},
     }
+    for name in _NO_DOC_VALUES:
+        props[name] = {**props[name], "doc_values": False}
     if dimension:
         props[EMBEDDING] = {
             "type": "knn_vector",

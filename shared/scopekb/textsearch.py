@@ -3,8 +3,8 @@
 A search in these modes runs in two steps (the Google Code Search method: an index narrows, a matcher decides):
 
 1. The store returns *candidate* chunks: those whose content holds every literal of one of the groups of a
-   :class:`LiteralQuery` (OpenSearch: ``wildcard`` queries on the ``content.wc`` field, a ``wildcard`` field type
-   indexed by 3-grams; SQLite: a ``trigram`` FTS5 table). Candidates are a superset of the answer.
+   :class:`LiteralQuery` (OpenSearch: ``term`` queries for the 3-grams of each literal on the ``content.tri`` field,
+   :func:`scopekb.fields.trigram_clauses`; SQLite: a ``trigram`` FTS5 table). Candidates are a superset of the answer.
 2. :meth:`LinePattern.lines` verifies each candidate line by line and returns the matching line numbers. Only
    chunks with at least one matching line are hits, so the answer is exactly what ``git grep -n -F`` / ``-E``
    gives on the same text, line for line.

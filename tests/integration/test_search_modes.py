@@ -1,7 +1,7 @@
 """Search modes ``exact``, ``regex`` and ``symbol`` and ``metadata`` filters (issue 22a) on both profiles.
 
 One real repository is indexed through the real sync (``run_sync``) in each profile: embedded (SQLite, trigram
-FTS5 candidates) and distributed (OpenSearch ``wildcard`` field candidates, Redis, S3). Its files are released
+FTS5 candidates) and distributed (OpenSearch ``content.tri`` 3-gram candidates, Redis, S3). Its files are released
 sources nobody here wrote: click 8.1.0 (Python, the PyPI sdist cached under .services/cache/sdists) and, vendored
 under tests/data/realfiles, express 4.18.2 (JavaScript), semver 1.0.20 (Rust) and Go's ``strings`` package.
 
@@ -68,7 +68,8 @@ def _build_repo(dest: Path) -> None:
 
 #: Lines with wildcard/escape metacharacters and mixed case (hostile-input review F1-F3), written here.
 _ODD = ("def helper():\nclass Evil:\n    return \"NUL\\x00\"\nglob a*b and q?r and [x] and \"dq\" and 'sq'\n"
-        "back\\slash and a trailing end\\\nwin\\*star \\? and **?? done\n")
+        "back\\slash and a trailing end\\\nwin\\*star \\? and **?? done\n"
+        "degrees \u212aelvin, not \u017feconds\n")
 
 
 @pytest.fixture(scope="module", params=["embedded", "distributed"])
@@ -311,7 +312,8 @@ def _re2_lines(ix: dict[str, Any], pattern: str) -> set[tuple[str, int]]:
 
 def test_metacharacters_inline_flags_and_anchors(indexed: dict[str, Any]) -> None:
     """Literals with ``\\ * ? [ " '`` (wildcard metacharacters on OpenSearch) equal ``git grep -F``; regexes with
-    inline ``(?i)`` / ``(?i:...)`` flags and ``\\z`` / ``\\A`` anchors equal RE2 run on each line."""
+    inline ``(?i)`` / ``(?i:...)`` flags (also matching the non-ASCII letters that fold to ``k`` and ``s``) and
+    ``\\z`` / ``\\A`` anchors equal RE2 run on each line."""
     repo, paths = indexed["repo"], indexed["paths"]
     assert "odd.txt" in paths
     for needle in ["\\x00", "L\\x00\"", "a*b", "q?r", "[x]", '"dq"', "'sq'", "back\\slash", "end\\", "k\\s",
@@ -320,7 +322,9 @@ def test_metacharacters_inline_flags_and_anchors(indexed: dict[str, Any]) -> Non
         got = _found(_search(indexed, query=needle, mode=SearchMode.exact))
         assert got == want and want, (needle, sorted(want), sorted(got))
     for pat in ["(?i)DEF HELPER", "(?i:EVIL)", "(?i)evil", "class (?i:EVIL)", "(?i)NUL.X00", "(?i:GLOB) a",
-                "helper\\(\\):\\z", "\\Adef helper", "end\\\\\\z", "^class Evil:\\z", "(?i)^CLASS evil:$"]:
+                "helper\\(\\):\\z", "\\Adef helper", "end\\\\\\z", "^class Evil:\\z", "(?i)^CLASS evil:$",
+                # KELVIN SIGN and LONG S fold to k and s under (?i) (the OpenSearch 3-gram filter asks for them)
+                "(?i)degrees kelvin", "(?i)NOT SECONDS"]:
         want = _re2_lines(indexed, pat)
         got = _found(_search(indexed, query=pat, mode=SearchMode.regex))
         assert got == want and any(p == "odd.txt" for p, _ in want), (pat, sorted(want), sorted(got))

@@ -188,14 +188,6 @@ def filter_clauses(flt: SearchFilter) -> list[dict[str, Any]]:
     return out
 
 
-def _wildcard_literal(text: str) -> str:
-    """``text`` as the inside of a wildcard pattern: ``*`` and ``?`` escaped with ``\\``; a ``\\`` itself becomes ``?``
-    (any one character), because the ``wildcard`` field type (OpenSearch 2.19, measured) matches nothing for an
-    escaped backslash ``\\\\``. The pattern is then a little wider than the literal, never narrower: the candidates
-    stay a superset and line verification (:mod:`scopekb.textsearch`) decides."""
-    return "".join("\\" + c if c in "*?" else "?" if c == "\\" else c for c in text)
-
-
 #: Order of exact/regex/symbol candidates: path, chunk index, then the scope and content as tie-breaks.
 _TEXT_ORDER = [{F.PATH: "asc"}, {F.CHUNK_INDEX: "asc"}, {F.SOURCE_ID: "asc"}, {F.CONTEXT_ID: "asc"},
                {F.AGENT_NAME: "asc"}, {F.CONTENT_SHA: "asc"}]
@@ -1025,17 +1017,17 @@ class OpenSearchChunkStore:
         return out[0], out[1]
 
     def literal_candidates(self, lq: LiteralQuery, flt: SearchFilter, limit: int) -> Iterator[RawHit]:
-        """Chunks within ``flt`` whose ``content.wc`` (a ``wildcard`` field: 3-gram index, values verified by
-        OpenSearch) holds every literal of one group of ``lq`` (``*literal*`` wildcard queries, ASCII
-        ``case_insensitive`` when asked); all chunks of ``flt`` when ``lq.groups`` is empty. Pages of 500 by
-        ``search_after`` in path / chunk index order, at most ``limit``. Raises ``Transient``/``Refused``."""
+        """Chunks within ``flt`` whose ``content.tri`` (every 3-gram of the content, :func:`F.trigram_clauses`)
+        holds the 3-grams of every literal of one group of ``lq`` (ASCII case variants when ``lq`` ignores case): a
+        superset of the chunks holding the literals; all chunks of ``flt`` when ``lq.groups`` is empty. Pages of 500
+        by ``search_after`` in path / chunk index order, at most ``limit``. Raises ``Transient``/``Refused``."""
         clauses = filter_clauses(flt)
         if lq.groups:
-            should = [{"bool": {"filter": [
-                {"wildcard": {F.CONTENT_WC: {"value": f"*{_wildcard_literal(lit)}*",
-                                             "case_insensitive": not lq.case_sensitive}}} for lit in g]}}
-                for g in lq.groups]
-            clauses.append({"bool": {"should": should, "minimum_should_match": 1}})
+            budget = max(1, F.MAX_TRIGRAM_CLAUSES // len(lq.groups))
+            should = [F.trigram_clauses(list(g), lq.case_sensitive, budget) for g in lq.groups]
+            if all(should):  # a group without a 3-gram filters nothing, and so does the OR of the groups
+                clauses.append({"bool": {"should": [{"bool": {"filter": c}} for c in should],
+                                         "minimum_should_match": 1}})
         yield from self._ordered(clauses, limit)
 
     def symbol_candidates(self, sq: SymbolQuery, flt: SearchFilter, limit: int) -> list[RawHit]:
