@@ -429,10 +429,11 @@ class EmbeddingSettings(BaseModel):
     local_batch_size: int = 32
     #: Most padded tokens (texts x the longest one's tokens) per forward pass; texts are sorted by length first.
     local_batch_tokens: int = 8192
-    #: ``torch`` (sentence-transformers), ``onnx`` (fp32 ONNX Runtime; same vectors as torch to float rounding)
-    #: or ``onnx-int8`` (int8 weights; other vectors: own cache entries and index version). The ONNX backends
-    #: need ``scopekb model export`` once and never import torch. Switching to or from int8 is a reindex.
-    local_backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
+    #: ``onnx`` (default: fp32 ONNX Runtime, the same vectors as torch to float rounding and 1.3-2x faster on
+    #: this machine kind, docs/benchmarks.md #19), ``torch`` (sentence-transformers) or ``onnx-int8`` (int8
+    #: weights; other vectors: own cache entries and index version). The ONNX backends run an export made once
+    #: (on first use, or ``scopekb model export``) and never import torch. Switching to or from int8 is a reindex.
+    local_backend: Literal["torch", "onnx", "onnx-int8"] = "onnx"
     #: Intra-op threads of the model; 0: the CPUs this process may run on (``os.sched_getaffinity``).
     local_threads: int = 0
     #: Root of the ONNX exports; None: ``$XDG_CACHE_HOME/scopekb/onnx`` (``~/.cache/scopekb/onnx``).

@@ -66,7 +66,7 @@ def test_processes_starting_together_export_once(exports: Path) -> None:
 
 @pytest.fixture(scope="module")
 def torch_emb() -> LocalEmbedder:
-    return LocalEmbedder()
+    return LocalEmbedder(backend="torch")
 
 
 def top10(emb: LocalEmbedder, docs: np.ndarray) -> list[list[int]]:
@@ -116,7 +116,7 @@ def test_export_is_reused_and_a_partial_one_rebuilt(exports: Path) -> None:
     data = (where / MODEL_FILE).read_bytes()
     (where / MODEL_FILE).write_bytes(data[: len(data) // 2])
     with pytest.raises(EmbeddingConfigError, match=r"partial .*scopekb model export --backend onnx"):
-        LocalEmbedder(backend="onnx", export_dir=exports)
+        LocalEmbedder(backend="onnx", export_dir=exports, auto_export=False)
     where2, built = export_model(model, "onnx", exports)
     assert built and where2 == where and (where / MODEL_FILE).stat().st_size == len(data)
     assert json.loads((where / MANIFEST).read_text())["bytes"] == len(data) and before != ""
@@ -131,7 +131,7 @@ def test_export_is_reused_and_a_partial_one_rebuilt(exports: Path) -> None:
 
 def test_missing_export_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(EmbeddingConfigError, match=r"missing .*scopekb model export --backend onnx-int8"):
-        LocalEmbedder(backend="onnx-int8", export_dir=tmp_path)  # auto_export off
+        LocalEmbedder(backend="onnx-int8", export_dir=tmp_path, auto_export=False)
     assert not export_path(packaged_model_path(), "onnx-int8", tmp_path).exists()
 
 
@@ -160,11 +160,11 @@ def test_cli_export_reports_reuse(exports: Path) -> None:
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "choose onnx, onnx-int8 or all" in bad.stderr
 
 
-@pytest.mark.parametrize("backend", ["onnx", "onnx-int8"])
-def test_an_onnx_process_never_imports_torch(exports: Path, backend: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["onnx", "onnx-int8", None], ids=["onnx", "onnx-int8", "default"])
+def test_an_onnx_process_never_imports_torch(exports: Path, backend: str | None, tmp_path: Path) -> None:
     """What a worker or the query service does with an ONNX backend: build the runtime's embedder from the
     settings, count tokens, embed chunks and a query; torch must not be imported, also when (int8) the process
-    found no export and made it on first use."""
+    found no export and made it on first use. ``default``: no backend set, which is ``onnx``."""
     if backend == "onnx-int8":
         shutil.copytree(exports, tmp_path / "exports")
         exports = tmp_path / "exports"
@@ -180,8 +180,11 @@ def test_an_onnx_process_never_imports_torch(exports: Path, backend: str, tmp_pa
         import scopekb_worker.app, scopekb_query.app  # the processes' own modules
         print("torch" in sys.modules)
     """)
-    env = {**os.environ, "SCOPEKB_EMBEDDING__PROVIDER": "local", "SCOPEKB_EMBEDDING__LOCAL_BACKEND": backend,
+    env = {**os.environ, "SCOPEKB_EMBEDDING__PROVIDER": "local", "SCOPEKB_EMBEDDING__LOCAL_BACKEND": backend or "",
            "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR": str(exports), "HF_HUB_OFFLINE": "1"}
+    if backend is None:
+        del env["SCOPEKB_EMBEDDING__LOCAL_BACKEND"]
+    backend = backend or "onnx"
     r = subprocess.run([sys.executable, "-c", code, backend], capture_output=True, text=True, env=env, timeout=300,
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -88,8 +88,10 @@ def test_local_truncates_long_inputs_and_reports_tokens(local: LocalEmbedder) ->
 
 
 def test_make_embedder_local_shares_the_model(local: LocalEmbedder) -> None:
+    """The settings' embedder runs the default backend (onnx) on the engine this process already loaded."""
     e = make_embedder(EmbeddingSettings(provider="local"))
-    assert isinstance(e, LocalEmbedder) and e.model is local.model
+    assert isinstance(e, LocalEmbedder) and e.backend == local.backend == "onnx"
+    assert e.engine is local.engine
 
 
 def test_openai_provider_gets_the_local_models_vectors(local: LocalEmbedder, stub: OpenAIStub) -> None:

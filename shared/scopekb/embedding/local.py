@@ -118,6 +118,8 @@ def load_model(model_path: Path, device: str = "cpu") -> Any:
 #: ``onnx``: the same weights exported to ONNX (fp32) and run by ONNX Runtime; ``onnx-int8``: that export with
 #: dynamically quantized int8 weights. The ONNX backends never import torch (see :mod:`scopekb.embedding.onnx`).
 BACKENDS = ("torch", "onnx", "onnx-int8")
+#: The backend of ``LocalEmbedder()`` and of ``embedding.local_backend`` when unset (``onnx``: fp32 ONNX Runtime).
+DEFAULT_BACKEND: str = EmbeddingSettings.model_fields["local_backend"].default
 
 
 def cpu_threads(setting: int = 0) -> int:
@@ -289,10 +291,11 @@ class LocalEmbedder:
         batch_size: most texts per forward pass.
         batch_tokens: most padded tokens (texts × longest) per forward pass.
         model_id: overrides :func:`default_model_id`.
-        backend: one of :data:`BACKENDS`.
+        backend: one of :data:`BACKENDS` (default :data:`DEFAULT_BACKEND`, as the settings).
         threads: intra-op threads; 0: the CPUs this process may use (:func:`cpu_threads`).
         export_dir: where the ONNX exports live (ONNX backends; see :mod:`scopekb.embedding.onnx`).
-        auto_export: an ONNX backend builds its missing export (once per export directory) instead of refusing.
+        auto_export: an ONNX backend builds its missing or partial export (once per export directory, about a
+            minute) instead of refusing it; False: refuse with the command that builds it.
 
     Raises:
         EmbeddingConfigError: optional dependencies missing, the model does not load, or (ONNX) the export is
@@ -300,8 +303,8 @@ class LocalEmbedder:
     """
 
     def __init__(self, model_path: Path | None = None, *, device: str = "cpu", batch_size: int = 32,
-                 batch_tokens: int = 8192, model_id: str | None = None, backend: str = "torch", threads: int = 0,
-                 export_dir: Path | None = None, auto_export: bool = False) -> None:
+                 batch_tokens: int = 8192, model_id: str | None = None, backend: str = DEFAULT_BACKEND,
+                 threads: int = 0, export_dir: Path | None = None, auto_export: bool = True) -> None:
         if backend not in BACKENDS:
             raise EmbeddingConfigError(f"unknown local backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         path = Path(model_path) if model_path is not None else packaged_model_path()
@@ -333,6 +336,12 @@ class LocalEmbedder:
         return cls(s.local_model_path, device=s.local_device, batch_size=s.local_batch_size,
                    batch_tokens=s.local_batch_tokens, model_id=s.model_id, backend=s.local_backend,
                    threads=s.local_threads, export_dir=s.local_export_dir, auto_export=True)
+
+    @property
+    def engine(self) -> Any:
+        """What runs the forward passes, loaded once per process and shared by every embedder of the same model
+        and backend: the ``SentenceTransformer`` (torch) or the :class:`scopekb.embedding.onnx.OnnxRunner`."""
+        return self._runner.model if self.backend == "torch" else self._runner
 
     @property
     def model(self) -> Any:
