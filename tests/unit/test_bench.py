@@ -166,3 +166,16 @@ def test_bare_webhook_baseline_is_served_with_the_ingesters_server_settings() ->
     # h11, never whatever uvicorn's "auto" finds installed (httptools), since the ingester's protocol is h11's
     assert given == {"--http": "h11", "--timeout-keep-alive": str(opts["timeout_keep_alive"]),
                      "--limit-concurrency": "7", "--backlog": "99", "--h11-max-incomplete-event-size": "8192"}
+
+
+def test_job_poll_interval_grows_with_the_wait_and_is_capped() -> None:
+    """Issue 20: the bench polls a job at 0.1 s at first, then at 1/20 of the time waited up to 0.5 s (polling every
+    0.1 s through a long full index loaded OpenSearch on the pipeline's side of the ingest ratio only)."""
+    from scopekb_bench.stack import poll_interval
+
+    assert poll_interval(0.0) == 0.1
+    assert poll_interval(1.0) == 0.1
+    assert poll_interval(4.0) == 0.2
+    assert poll_interval(60.0) == 0.5
+    for waited in (0.5, 3.0, 7.0, 30.0, 600.0):
+        assert poll_interval(waited) <= max(0.1, waited / 20) + 1e-12
