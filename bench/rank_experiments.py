@@ -18,10 +18,18 @@ interval. Choices are made on tuning sets only; ``held-aside`` is read only with
 :data:`QUERY_VARIANTS` while the index is live, and stores each as its own variant ``<variant>+<rewrite>`` (same
 vector lists, that keyword list), so ``compare`` scores the rewrite's keyword and hybrid against the baseline.
 
+``boosts`` — keyword (and hybrid) NDCG@10 of each keyword field boost candidate searched by ``search --boosts``.
+
+Sets: those of :data:`scopekb_bench.sets.SETS`, ``corpus`` and ``tuning-large`` (:data:`TUNING_LARGE`, 310
+queries: the tuning set of issue 21's fourth round).
+
 Usage::
 
     bench/rank_experiments.py search --set tuning --variant base [--env KEY=VALUE ...] [--query-variants split]
     bench/rank_experiments.py compare --base base --variants base,hdr2 --sets tuning,corpus
+    bench/rank_experiments.py search --set tuning-large --variant base --profile embedded --sample 1000 \
+        --depth 200 --boosts
+    bench/rank_experiments.py boosts --base base --sets tuning-large
 """
 
 from __future__ import annotations
@@ -52,11 +60,20 @@ CORPUS = bench_sets.QualitySet(
     "corpus", "docstring", (("requests", "2.32.3", "src/requests"), ("click", "8.1.7", "src/click"),
                             ("itsdangerous", "2.1.2", "src/itsdangerous"), ("flask", "3.0.3", "src/flask")),
     False, "requests + click + itsdangerous + flask: docstring → function (tuning)")
+#: The larger tuning set of issue 21's fourth round: four released libraries the bench uses nowhere else (not the
+#: held-aside werkzeug/jinja2, not the first quality set's), docstring → function, every query (≈ 310).
+TUNING_LARGE = bench_sets.QualitySet(
+    "tuning-large", "docstring",
+    (("attrs", "25.3.0", "src"), ("marshmallow", "3.26.1", "src/marshmallow"),
+     ("more-itertools", "10.7.0", "more_itertools"), ("packaging", "25.0", "src/packaging")),
+    False, "attrs + marshmallow + more-itertools + packaging: docstring → function (tuning, all queries)")
 
 
 def _set(name: str) -> bench_sets.QualitySet:
     if name == "corpus":
         return CORPUS
+    if name == "tuning-large":
+        return TUNING_LARGE
     return next(s for s in bench_sets.SETS if s.id == name)
 
 
@@ -231,7 +248,10 @@ def search(args: argparse.Namespace) -> None:
             repo = bench_sets._package_repo(qs)
             src = Source(agent_name="bench", context_id=qs.id, repo_url=str(repo), ref="main", webhooks=False,
                          id=Source.new_id())
-            head, got = evaluation.build_and_search(rt, src, sample=args.sample, kinds=(qs.kind,))
+            from scopekb.tuning import BOOST_CANDIDATES
+
+            head, got = evaluation.build_and_search(rt, src, sample=args.sample, kinds=(qs.kind,),
+                                                    boosts=BOOST_CANDIDATES if args.boosts else ())
         finally:
             try:
                 if args.profile == "distributed":
@@ -277,6 +297,33 @@ def fuse(ls: evaluation.Lists, how: str, kw: float, depth: int) -> list[str]:
         return [i for i, _ in scoring.rrf_fusion(k, v)]
     if how == "minmax":
         return [i for i, _ in scoring.weighted_fusion(k, v, kw, 1 - kw)]
+    if how.startswith("rrf") and how[3:].isdigit():  # RRF with another k (``rrf10``, ``rrf30``)
+        return [i for i, _ in scoring.rrf_fusion(k, v, k=int(how[3:]))]
+    if how == "wrrf":  # weighted RRF (k = 60): kw / (60 + keyword rank) + (1 − kw) / (60 + vector rank)
+        sc: dict[str, float] = {}
+        for lst, wt in ((k, kw), (v, 1 - kw)):
+            for r, (i, _) in enumerate(lst, start=1):
+                sc[i] = sc.get(i, 0.0) + wt / (60 + r)
+        return sorted(sc, key=lambda i: (-sc[i], i))
+    if how in ("dbsf", "mnz", "floor20"):
+        def norm(lst):
+            if how == "dbsf":  # distribution-based: (s − (μ − 3σ)) / 6σ, clipped to [0, 1]
+                vals = [x for _, x in lst]
+                if not vals:
+                    return {}
+                mu = sum(vals) / len(vals)
+                sd = (sum((x - mu) ** 2 for x in vals) / len(vals)) ** 0.5 or 1.0
+                return {i: min(1.0, max(0.0, (x - mu + 3 * sd) / (6 * sd))) for i, x in lst}
+            if how == "floor20":  # min-max with the 20th candidate's score as the floor (clipped at 0)
+                if not lst:
+                    return {}
+                hi, lo = lst[0][1], lst[min(19, len(lst) - 1)][1]
+                return {i: max(0.0, (x - lo) / (hi - lo)) if hi > lo else 1.0 for i, x in lst}
+            return scoring.min_max(lst)
+        kn, vn = norm(k), norm(v)
+        sc = {i: (kw * kn.get(i, 0.0) + (1 - kw) * vn.get(i, 0.0))
+              * ((i in kn) + (i in vn) if how == "mnz" else 1) for i in set(kn) | set(vn)}
+        return sorted(sc, key=lambda i: (-sc[i], i))
     if how == "zscore":
         kn, vn = zscore(k), zscore(v)
         lo_k = min(kn.values(), default=0.0)
@@ -292,8 +339,8 @@ def per_query(es: evaluation.EvalSet, how: str, kw: float, depth: int) -> list[f
             for q, ls in zip(es.queries, es.lists, strict=True)]
 
 
-FUSIONS = ([("keyword", 0.0), ("vector", 0.0), ("rrf", 0.0)] + [("minmax", w / 10) for w in range(1, 10)]
-           + [("zscore", w / 10) for w in range(1, 10)])
+FUSIONS = ([("keyword", 0.0), ("vector", 0.0), ("rrf", 0.0), ("rrf10", 0.0), ("rrf30", 0.0)]
+           + [(how, w / 10) for how in ("minmax", "zscore", "dbsf", "mnz", "floor20", "wrrf") for w in range(1, 10)])
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -323,8 +370,10 @@ def compare(args: argparse.Namespace) -> None:
                     s = per_query(es, how, w, d)
                     rows.append((sum(s) / len(s), how, w, d, s))
             rows.sort(key=lambda r: -r[0])
+            wanted = {tuple(x.split(":")) for x in (args.show or "").split(",") if x}
             show = [r for r in rows if r[1] in ("keyword", "vector") or (r[1] == "minmax" and r[2] == 0.3
-                                                                         and r[3] == 40)] + rows[:args.top]
+                                                                         and r[3] == 40)
+                    or (r[1], f"{r[2]:.1f}", str(r[3])) in wanted] + rows[:args.top]
             seen = set()
             for mean, how, w, d, s in show:
                 key = (how, w, d)
@@ -336,6 +385,32 @@ def compare(args: argparse.Namespace) -> None:
                 label = how if how in ("keyword", "vector", "rrf") else f"{how} {w:.1f}/{1 - w:.1f}"
                 print(f"| {var} | {label} | {d} | {mean:.3f} | {lo:.3f}–{hi:.3f} "
                       f"| {g:+.3f} ({glo:+.3f} … {ghi:+.3f}) |")
+
+
+def boosts(args: argparse.Namespace) -> None:
+    """Keyword field boost candidates (``search --boosts``): keyword and hybrid NDCG@10 of each, paired gains
+    against the default boosts' keyword and hybrid (min-max 0.3/0.7 at depth 40, and ``--fusion`` if given)."""
+    sets = args.sets.split(",")
+    if "held-aside" in sets and not args.held_aside:
+        sys.exit("the held-aside set is read only with --held-aside")
+    how, w, d = args.fusion.split(":")
+    for name in sets:
+        es = pickle.loads((OUT / args.base / f"{name}.pkl").read_bytes())["sets"][0]
+        cands = list(es.lists[0].keyword_by_boosts)
+        print(f"\n## {name}: {len(es.queries)} queries; boosts (symbol, signature, content, path)")
+        print(f"| boosts | keyword NDCG@10 | gain (95% CI) | hybrid {how} {w} depth {d} | gain (95% CI) |")
+        print("|---|---:|---|---:|---|")
+        ref_k = ref_h = None
+        for b in cands:
+            alt = evaluation.EvalSet(es.kind, es.queries, [
+                evaluation.Lists(keyword=ls.keyword_by_boosts[b], vector=ls.vector, hits=ls.hits) for ls in es.lists])
+            k = per_query(alt, "keyword", 0.0, 200)
+            h = per_query(alt, how, float(w), int(d))
+            ref_k, ref_h = ref_k or k, ref_h or h
+            gk, gklo, gkhi = evalsets.paired_gain(k, ref_k)
+            gh, ghlo, ghhi = evalsets.paired_gain(h, ref_h)
+            print(f"| {'/'.join(f'{x:g}' for x in b)} | {sum(k) / len(k):.3f} | {gk:+.3f} ({gklo:+.3f} … {gkhi:+.3f}) "
+                  f"| {sum(h) / len(h):.3f} | {gh:+.3f} ({ghlo:+.3f} … {ghhi:+.3f}) |")
 
 
 def main() -> None:
@@ -351,15 +426,23 @@ def main() -> None:
     s.add_argument("--profile", default="distributed", choices=("distributed", "embedded"))
     s.add_argument("--held-aside", action="store_true")
     s.add_argument("--query-variants", help="comma-separated query rewrites of QUERY_VARIANTS (keyword lists)")
+    s.add_argument("--boosts", action="store_true", help="also search each query with every keyword field boost "
+                   "candidate of scopekb.tuning.BOOST_CANDIDATES (Lists.keyword_by_boosts)")
     c = sub.add_parser("compare")
     c.add_argument("--base", default="base")
     c.add_argument("--variants", default="base")
     c.add_argument("--sets", default="tuning,corpus")
     c.add_argument("--depths", default="20,40,100")
     c.add_argument("--top", type=int, default=4)
+    c.add_argument("--show", help="rows always shown, e.g. minmax:0.5:100,rrf:0.0:40 (fusion:weight:depth)")
     c.add_argument("--held-aside", action="store_true")
+    b = sub.add_parser("boosts")
+    b.add_argument("--base", default="base")
+    b.add_argument("--sets", default="tuning-large")
+    b.add_argument("--fusion", default="minmax:0.3:40")
+    b.add_argument("--held-aside", action="store_true")
     a = ap.parse_args()
-    search(a) if a.cmd == "search" else compare(a)
+    {"search": search, "compare": compare, "boosts": boosts}[a.cmd](a)
 
 
 if __name__ == "__main__":
