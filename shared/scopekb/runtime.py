@@ -441,7 +441,8 @@ def _new_embedded_runtime(settings: Settings) -> Runtime:
     data.mkdir(parents=True, exist_ok=True)
     embedder, counter = embedding_setup(settings)
     chunks = SqliteChunkStore(data / "index.sqlite3", dimension=embedder.dimension if embedder else None,
-                              model=embedder.model_id if embedder else None)
+                              model=embedder.model_id if embedder else None,
+                              encoder=settings.opensearch.knn_encoder)
     rt = Runtime(profile="embedded", settings=settings, records=SqliteRecordStore(data / "records.sqlite3"),
                  chunks=chunks,
                  coord=coordination(settings), tasks=CeleryTasks(settings, "scopekb-embedded"),

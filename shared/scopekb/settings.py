@@ -70,7 +70,8 @@ class OpenSearchSettings(BaseModel):
     #: dimension for the graph, the float32 vectors kept too; ANN recall@10 against exact search is tested >= 0.95)
     #: or ``int8`` (the vectors stored as bytes, :func:`scopekb.fields.int8_vector`: a quarter of the vector bytes;
     #: recall@10 tested >= 0.95 too; docs/benchmarks.md). Changing it is a ``scopekb reindex``. The embedded
-    #: profile's SQLite store keeps float32 vectors whatever this says.
+    #: profile's SQLite store follows ``int8`` too (signed bytes, query vectors converted the same way) and keeps
+    #: float32 for ``none`` and ``sq``.
     knn_encoder: Literal["none", "sq", "int8"] = "none"
 
     @model_validator(mode="after")

@@ -66,7 +66,8 @@ _CHUNK_DDL = (
     "CREATE INDEX IF NOT EXISTS chunks_source ON chunks (source_id, path)",
     # The stored fields as JSON (without the vector), read only for the hits returned.
     "CREATE TABLE IF NOT EXISTS chunk_docs (rowid INTEGER PRIMARY KEY, doc TEXT NOT NULL)",
-    # Vectors apart from the rows so filtering never reads them: little-endian float32, ``dimension`` values.
+    # Vectors apart from the rows so filtering never reads them: ``dimension`` values, little-endian float32 or, with
+    # the int8 encoder, signed bytes (scopekb.fields.int8_vector).
     "CREATE TABLE IF NOT EXISTS chunk_vectors (rowid INTEGER PRIMARY KEY, embedding BLOB NOT NULL)",
     # Pre-tokenised text; FTS5 only splits on spaces. detail=full (the default) although bm25 needs no positions:
     # with detail=column, bm25() is about ten times slower on common terms.
@@ -108,6 +109,11 @@ class SqliteChunkStore:
         dimension: embedding dimension, or None for a keyword-only index (vector search then returns ``[]``).
         model: embedding model id recorded with the index; a database built for another dimension, or (when
             ``model`` is given and vectors are stored) another model, is refused by :meth:`ensure_index`.
+        encoder: how vectors are stored, as ``opensearch.knn_encoder`` says for the OpenSearch store: ``int8``
+            stores each vector as ``dimension`` signed bytes (:func:`scopekb.fields.int8_vector`: × 127 / its
+            largest absolute value, rounded; a quarter of float32's bytes) and converts each query vector the same
+            way; anything else (``none``, ``sq``) stores float32. Recorded with the index; a database built with
+            the other storage is refused by :meth:`ensure_index` (a reindex converts it).
 
     Documents are dicts with ``_id`` and the fields of :mod:`scopekb.fields`; ``embedding`` is a list of
     ``dimension`` finite floats (not all zero) or absent/None. Reads before :meth:`ensure_index` on a missing
@@ -121,10 +127,15 @@ class SqliteChunkStore:
 
     kind = "sqlite"
 
-    def __init__(self, path: Path | str, dimension: int | None = None, model: str | None = None) -> None:
+    def __init__(self, path: Path | str, dimension: int | None = None, model: str | None = None,
+                 encoder: str = "none") -> None:
         self.path = Path(path)
         self.dimension = dimension or None
         self.model = model
+        #: ``int8`` or ``none`` (float32): how vectors are stored
+        self.encoder = "int8" if encoder == "int8" else "none"
+        self._vec_dtype = "i1" if self.encoder == "int8" else "<f4"
+        self._vec_bytes = (self.dimension or 0) * (1 if self.encoder == "int8" else 4)
         self._db = Connections(self.path)
         self._ready = False
         self._cache_lock = threading.Lock()
@@ -136,7 +147,8 @@ class SqliteChunkStore:
     @property
     def version_name(self) -> str:
         """A name for this index version (file, schema, dimension and model), like the OpenSearch index name."""
-        tag = hashlib.sha256((self.model or "").encode()).hexdigest()[:8]
+        tag = hashlib.sha256(((self.model or "") + ("|int8" if self.encoder == "int8" else "")).encode()
+                             ).hexdigest()[:8]
         kind = f"{self.dimension}-{tag}" if self.dimension else "kw"
         return f"sqlite:{self.path}#chunks-s{SCHEMA_VERSION}-{kind}"
 
@@ -169,7 +181,8 @@ class SqliteChunkStore:
             meta = dict(conn.execute("SELECT key, value FROM scopekb_meta").fetchall())
             if not meta.get("schema_version"):
                 want = {"schema_version": str(SCHEMA_VERSION), "mapping_version": str(F.MAPPING_VERSION),
-                        "dimension": str(self.dimension or ""), "model": self.model or "", "vec_gen": "0"}
+                        "dimension": str(self.dimension or ""), "model": self.model or "", "vec_gen": "0",
+                        "encoder": self.encoder}
                 want["refs_migrated"] = "1"
                 conn.executemany("INSERT OR REPLACE INTO scopekb_meta VALUES (?, ?)", list(want.items()))
                 log.info("chunk_index_created", index=str(self.path), dimension=self.dimension)
@@ -184,6 +197,11 @@ class SqliteChunkStore:
                         f"SQLite index {str(self.path)!r} has schema version {meta['schema_version']}, dimension "
                         f"{have_dim} and model {have_model!r}; this process wants version {SCHEMA_VERSION}, "
                         f"dimension {self.dimension} and model {self.model!r}. Run `scopekb reindex`.")
+                have_enc = meta.get("encoder") or "none"  # files made before the encoder was recorded: float32
+                if self.dimension and have_enc != self.encoder:
+                    raise SqliteVersionMismatch(
+                        f"SQLite index {str(self.path)!r} stores {have_enc} vectors; this process wants "
+                        f"{self.encoder} (opensearch.knn_encoder). Run `scopekb reindex`.")
                 if not meta.get("refs_migrated"):  # an index made before issue 23: each chunk is on its one ref
                     conn.execute("INSERT OR IGNORE INTO chunk_refs (ref, chunk) SELECT ref, rowid FROM chunks"
                                  " WHERE ref IS NOT NULL")
@@ -211,8 +229,9 @@ class SqliteChunkStore:
                 d = {"_id": cid, **json.loads(doc)}
                 if rowid in refs:
                     d[F.REFS] = sorted(refs[rowid])
-                if vec is not None:
-                    d[F.EMBEDDING] = np.frombuffer(vec, dtype="<f4").astype(float).tolist()
+                if vec is not None:  # int8 values as floats (the same cosine)
+                    d[F.EMBEDDING] = np.frombuffer(vec, dtype="i1" if len(vec) == (self.dimension or 0) else "<f4"
+                                                   ).astype(float).tolist()
                 out.append(d)
         return out
 
@@ -478,6 +497,8 @@ class SqliteChunkStore:
             raise _Rejected(f"field {F.EMBEDDING} has a NaN or infinite value")
         if not np.any(arr):
             raise _Rejected(f"field {F.EMBEDDING} is a zero vector (no cosine similarity)")
+        if self.encoder == "int8":
+            return np.asarray(F.int8_vector(arr.tolist()), dtype="i1").tobytes()
         return arr.tobytes()
 
     def delete_path(self, scope_agent: str, scope_context: str, source_id: str, path: str,
@@ -874,6 +895,8 @@ class SqliteChunkStore:
         if not self.dimension or k <= 0:
             return []
         q = np.asarray(vector, dtype=np.float32)
+        if self.encoder == "int8" and q.ndim == 1 and np.all(np.isfinite(q)):  # as the stored vectors
+            q = np.asarray(F.int8_vector(q.tolist()), dtype=np.float32)
         if q.ndim != 1 or q.shape[0] != self.dimension:
             raise ValueError(f"query vector has dimension {q.shape[0] if q.ndim == 1 else q.shape}; the index has "
                              f"{self.dimension}")
@@ -938,9 +961,10 @@ class SqliteChunkStore:
             part = ids[i:i + 500]
             found.update(conn.execute(
                 "SELECT rowid, embedding FROM chunk_vectors WHERE length(embedding) = ? AND rowid IN "
-                f"({','.join('?' * len(part))})", [4 * dim, *part]).fetchall())
+                f"({','.join('?' * len(part))})", [self._vec_bytes, *part]).fetchall())
         keep = [r for r in ids if r in found]
-        return np.asarray(keep, dtype=np.int64), _unit_rows(b"".join(found[r] for r in keep), len(keep), dim)
+        return np.asarray(keep, dtype=np.int64), _unit_rows(b"".join(found[r] for r in keep), len(keep), dim,
+                                                            self._vec_dtype)
 
     def _load_cache(self, conn: sqlite3.Connection, gen: int) -> tuple[int, np.ndarray, np.ndarray]:
         with self._cache_lock:
@@ -949,17 +973,18 @@ class SqliteChunkStore:
                 return cache
             dim = self.dimension or 0
             rows = conn.execute("SELECT rowid, embedding FROM chunk_vectors WHERE length(embedding) = ?"
-                                " ORDER BY rowid", (4 * dim,)).fetchall()
+                                " ORDER BY rowid", (self._vec_bytes,)).fetchall()
             ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-            mat = _unit_rows(b"".join(r[1] for r in rows), len(rows), dim)
+            mat = _unit_rows(b"".join(r[1] for r in rows), len(rows), dim, self._vec_dtype)
             del rows
             self._vec_cache = cache = (gen, ids, mat)
             return cache
 
 
-def _unit_rows(buf: bytes, n: int, dim: int) -> np.ndarray:
-    """``n`` little-endian float32 vectors of ``dim`` values packed in ``buf`` as unit rows of an (n, dim) matrix."""
-    mat = np.frombuffer(buf, dtype="<f4").reshape(n, dim).astype(np.float32)
+def _unit_rows(buf: bytes, n: int, dim: int, dtype: str = "<f4") -> np.ndarray:
+    """``n`` vectors of ``dim`` values packed in ``buf`` (``dtype``: little-endian float32 ``<f4`` or int8 ``i1``)
+    as unit rows of an (n, dim) float32 matrix."""
+    mat = np.frombuffer(buf, dtype=dtype).reshape(n, dim).astype(np.float32)
     norms = np.linalg.norm(mat, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
     return mat / norms
