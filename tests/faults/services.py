@@ -169,8 +169,61 @@ class PrivateServices:
         (self.state / "run" / f"{name}.pid").unlink(missing_ok=True)
         return pid
 
+    def cluster_report(self, index: str = "*", log_lines: int = 12) -> str:
+        """What the cluster says about ``index`` now, for a failure message (a fault test's failure explains itself):
+        health (the local view of the first node that answers), shard copies not started, active recoveries, the
+        allocation explanation of the first unassigned copy, primary terms and in-sync copies, tasks running over 5 s,
+        and each node's last WARN/ERROR log lines. Best effort: what does not answer in 5 s is said so."""
+        import httpx
+
+        out: list[str] = []
+        base = next((u for u in self.opensearch_urls if _answers(u)), None)
+        if base is None:
+            out.append("no node answers")
+        else:
+            asks = (("health", "/_cluster/health?local=true"),
+                    ("shards not started", f"/_cat/shards/{index}?h=index,shard,prirep,state,node,unassigned.reason"),
+                    ("active recoveries", f"/_cat/recovery/{index}?active_only=true&h=index,shard,stage,type,"
+                                          "source_node,target_node,time"),
+                    ("allocation explain", "/_cluster/allocation/explain"),
+                    ("primary terms, in-sync copies", f"/_cluster/state/metadata/{index}?filter_path=metadata."
+                                                      "indices.*.primary_terms,metadata.indices.*.in_sync_allocations"),
+                    ("tasks", "/_tasks?detailed=true&group_by=none"))
+            for what, path in asks:
+                try:
+                    r = httpx.get(base + path, timeout=5)
+                    text = r.text
+                    if what == "shards not started":
+                        text = "\n".join(line for line in text.splitlines() if " STARTED" not in line)
+                    elif what == "tasks" and r.status_code == 200:
+                        text = "\n".join(f"{t['running_time_in_nanos'] / 1e9:.0f}s {t['action']} "
+                                         f"{t.get('description', '')[:160]}" for t in r.json().get("tasks", [])
+                                         if t["running_time_in_nanos"] > 5e9)
+                except Exception as e:  # noqa: BLE001 - a diagnostic: say what failed and go on
+                    text = f"({type(e).__name__})"
+                out.append(f"-- {what} ({base}{path}):\n{text[:3000]}")
+        for i in range(self.nodes):
+            lines = [line for line in self.log_tail(self.node_pid_name(i), 400_000).splitlines()
+                     if ("[WARN " in line or "[ERROR" in line) and not any(n in line for n in _LOG_NOISE)]
+            out.append(f"-- node {i} log, last WARN/ERROR lines:\n" + "\n".join(x[:400] for x in lines[-log_lines:]))
+        return "\n".join(out)
+
     def log_tail(self, name: str, chars: int = 3000) -> str:
         try:
             return (self.state / "logs" / f"{name}.log").read_text(errors="replace")[-chars:]
         except FileNotFoundError:
             return "(no log)"
+
+
+#: WARN lines every node logs in normal operation (OpenSearch 2.19), left out of :meth:`PrivateServices.cluster_report`.
+_LOG_NOISE = ("Falling back to single shard assignment", "QueryGroup _id can't be null", "r.suppressed")
+
+
+def _answers(url: str) -> bool:
+    """Whether an OpenSearch node answers its root URL within 2 s."""
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

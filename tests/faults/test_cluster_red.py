@@ -127,12 +127,16 @@ def test_cluster_red_gives_503_with_reason_and_syncs_wait(make_cluster_stack, pr
         time.sleep(1)
     search_ok_s = round(time.monotonic() - red_at - ready_s, 1)
     workers = [worker, *([worker_2] if worker_2 is not None else [])]
-    a = stack.wait_job(job_a, timeout=300, procs=workers)
-    b = stack.wait_job(job_b, timeout=120, procs=workers)
-    c = stack.wait_job(job_c, timeout=120, procs=workers)
-    settled_s = round(time.monotonic() - red_at, 1)
-    expected = {src: stack.fresh(repo)[0] for src, repo in ((src_a, repo_a), (src_b, repo_b), (src_c, repo_c))}
-    cmp = {src: stack.compare(src, chunks) for src, chunks in expected.items()}
+    try:
+        a = stack.wait_job(job_a, timeout=300, procs=workers)
+        b = stack.wait_job(job_b, timeout=120, procs=workers)
+        c = stack.wait_job(job_c, timeout=120, procs=workers)
+        settled_s = round(time.monotonic() - red_at, 1)
+        expected = {src: stack.fresh(repo)[0] for src, repo in ((src_a, repo_a), (src_b, repo_b), (src_c, repo_c))}
+        cmp = {src: stack.compare(src, chunks) for src, chunks in expected.items()}
+    except Exception as e:  # a sync still waiting, or the index not readable: what the cluster says about it now
+        cluster = private_cluster.cluster_report(stack.alias.removesuffix("chunks") + "*")
+        raise AssertionError(f"{type(e).__name__}: {str(e)[:6000]}\n--- cluster now\n{cluster}") from e
     log = "\n".join(w.log_text() for w in workers)
     events = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     retries_at = [datetime.fromisoformat(e["timestamp"]) for e in events if e.get("event") == "sync_retry"]
