@@ -208,6 +208,58 @@ class PrivateServices:
             out.append(f"-- node {i} log, last WARN/ERROR lines:\n" + "\n".join(x[:400] for x in lines[-log_lines:]))
         return "\n".join(out)
 
+    def primaries(self, index: str) -> dict[tuple[str, int], tuple[str, str, int]]:
+        """``{(index, shard): (node id of the primary, its state, the index metadata's primary term)}`` from the cluster
+        manager's state (``index`` may be a pattern); raises when no cluster manager answers."""
+        import httpx
+
+        base = next(u for u in self.opensearch_urls if _answers(u))
+        state = httpx.get(f"{base}/_cluster/state/routing_table,metadata/{index}", timeout=10).json()
+        out: dict[tuple[str, int], tuple[str, str, int]] = {}
+        for name, table in state.get("routing_table", {}).get("indices", {}).items():
+            terms = state["metadata"]["indices"][name]["primary_terms"]
+            for shard, copies in table["shards"].items():
+                for copy in copies:
+                    if copy["primary"]:
+                        out[(name, int(shard))] = (str(copy["node"]), str(copy["state"]), int(terms[shard]))
+        return out
+
+    def repair_unpromoted_primaries(self, index: str, before: dict[tuple[str, int], tuple[str, str, int]],
+                                    timeout: float = 90) -> list[str]:
+        """Work around an OpenSearch 2.19 state seen after two of three nodes came back from a crash (issue 24): a
+        replica made primary on another node while the cluster manager's metadata kept the shard's primary term
+        (``before``: :meth:`primaries` taken while the cluster was green). Such a copy never enters primary mode -
+        every write, refresh or replica recovery of the shard fails with ``shard_not_in_primary_mode_exception``
+        for as long as it lives (over 4 min seen, never ending by itself). An operator's fix is failing that copy
+        (``_cluster/reroute`` ``cancel`` with ``allow_primary``): the cluster manager then allocates the primary
+        again from an in-sync copy on disk, with a new term. Watches for ``timeout`` seconds while the cluster is not
+        green (primaries only relocate, keeping their term, once it is) and fails each such copy once; returns what
+        it failed (``index[shard] on node``), empty when the cluster came back as it should."""
+        import httpx
+
+        base = next(u for u in self.opensearch_urls if _answers(u))
+        fixed: list[str] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/_cluster/health", timeout=10).json().get("status") == "green":
+                    break
+                now = self.primaries(index)
+            except Exception:  # noqa: BLE001 - a cluster still electing or restarting: look again
+                time.sleep(2)
+                continue
+            for key, (node, state, term) in now.items():
+                old = before.get(key)
+                what = f"{key[0]}[{key[1]}] on {node}"
+                if (old is None or state != "STARTED" or node == old[0] or term != old[2] or what in fixed):
+                    continue
+                cmd = {"commands": [{"cancel": {"index": key[0], "shard": key[1], "node": node,
+                                                "allow_primary": True}}]}
+                r = httpx.post(f"{base}/_cluster/reroute", json=cmd, timeout=30)
+                fixed.append(what if r.status_code == 200 else f"{what}: reroute {r.status_code} {r.text[:200]}")
+            time.sleep(3)
+        return fixed
+
     def log_tail(self, name: str, chars: int = 3000) -> str:
         try:
             return (self.state / "logs" / f"{name}.log").read_text(errors="replace")[-chars:]

@@ -19,11 +19,11 @@ While red:
   manager and recovers its shards: whatever the first requests of a task meet then (connection refused, no
   cluster manager, a shard without a copy) is a wait or a retry, never a task that dies and leaves its job
   ``running`` (issue 24: it did, from the worker's chunk index check at task start).
-After the two nodes are started again, the service is ready (200) and searches answer 200 within 30 s of that (the
-failures in between are reported), all three jobs end ``done`` with no dead letter,
-no attempt spent while the cluster was red (a write failing while the nodes rejoin may still spend one: seen once
-in three runs, a few attempts over 3 minutes, hence 8 attempts here) and each source's index equals a fresh full
-index of its commit.
+After the two nodes are started again (and a primary OpenSearch left out of primary mode is failed, see below), the
+service is ready (200) and searches answer 200 within 30 s of that (the failures in between are reported), all three
+jobs end ``done`` with no dead letter, no attempt spent while the cluster was red (a write failing while the nodes
+rejoin may still spend one: seen once in three runs, a few attempts over 3 minutes, hence 8 attempts here) and each
+source's index equals a fresh full index of its commit.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -49,10 +50,6 @@ RED_S = 135
 TIME_LIMIT_S = 120
 
 
-# issue 24: in the clean-clone CI run at 8c08e7d (load ~1), after the nodes came back the cluster stayed yellow
-# with 2 shard copies initializing for over 2.5 min (the chunk index's shard 0 replica had been marked stale), and
-# every sync attempt failed on a 30 s client timeout then deferred ("recovering"), until the test's wait ended
-@pytest.mark.known_failing
 @pytest.mark.timeout(1200)  # the cluster's start (~100 s) and a loaded 2-core machine: 5.5-9.5 min seen
 def test_cluster_red_gives_503_with_reason_and_syncs_wait(make_cluster_stack, private_cluster, tmp_path,
                                                           report) -> None:
@@ -77,6 +74,8 @@ def test_cluster_red_gives_503_with_reason_and_syncs_wait(make_cluster_stack, pr
     at_kill = wait_until(lambda: (n := stack.count(src_a)) > 400 and n, timeout=180, interval=0.05,
                          what="sync A writing")
 
+    scenario = stack.alias.removesuffix("chunks") + "*"  # the scenario's chunk and system indices
+    primaries_before = private_cluster.primaries(scenario)
     killed = [private_cluster.kill(private_cluster.node_pid_name(i)) for i in (1, 2)]
     red_at = time.monotonic()
     wait_until(lambda: httpx.get(stack.query_url + "/readyz", timeout=30).status_code == 503, timeout=60,
@@ -111,6 +110,13 @@ def test_cluster_red_gives_503_with_reason_and_syncs_wait(make_cluster_stack, pr
 
     restart_wall = datetime.now(UTC)
     restart_s = private_cluster.up(private_cluster.node_service(1), private_cluster.node_service(2))
+    # OpenSearch 2.19 sometimes (3 runs in 8 here, and the CI run at 8c08e7d) leaves the shards whose primary was on
+    # the node that rejoined during the election with a replica made primary on node 0 but the metadata's primary
+    # term unchanged: that copy never enters primary mode, every write or refresh of the shard fails with
+    # shard_not_in_primary_mode_exception and its replicas never recover. The syncs rightly keep waiting for it
+    # ("recovering"); an operator would fail that copy, and so does the test (said in the report), as it restarts nodes
+    repair = ThreadPoolExecutor(1, thread_name_prefix="repair").submit(
+        private_cluster.repair_unpromoted_primaries, scenario, primaries_before)
     job_c = f"red-c-{uuid.uuid4().hex[:10]}"  # starts while the cluster recovers (the worker is idle or waiting)
     stack.send_task("scopekb.sync_sources", job_id=job_c, source_ids=[src_c], trigger="webhook")
     wait_until(lambda: httpx.get(stack.query_url + "/readyz", timeout=30).status_code == 200, timeout=180,
@@ -127,6 +133,7 @@ def test_cluster_red_gives_503_with_reason_and_syncs_wait(make_cluster_stack, pr
         time.sleep(1)
     search_ok_s = round(time.monotonic() - red_at - ready_s, 1)
     workers = [worker, *([worker_2] if worker_2 is not None else [])]
+    repaired = repair.result(timeout=300)
     try:
         a = stack.wait_job(job_a, timeout=300, procs=workers)
         b = stack.wait_job(job_b, timeout=120, procs=workers)
@@ -135,7 +142,7 @@ def test_cluster_red_gives_503_with_reason_and_syncs_wait(make_cluster_stack, pr
         expected = {src: stack.fresh(repo)[0] for src, repo in ((src_a, repo_a), (src_b, repo_b), (src_c, repo_c))}
         cmp = {src: stack.compare(src, chunks) for src, chunks in expected.items()}
     except Exception as e:  # a sync still waiting, or the index not readable: what the cluster says about it now
-        cluster = private_cluster.cluster_report(stack.alias.removesuffix("chunks") + "*")
+        cluster = private_cluster.cluster_report(scenario)
         raise AssertionError(f"{type(e).__name__}: {str(e)[:6000]}\n--- cluster now\n{cluster}") from e
     log = "\n".join(w.log_text() for w in workers)
     events = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
@@ -143,7 +150,8 @@ def test_cluster_red_gives_503_with_reason_and_syncs_wait(make_cluster_stack, pr
     waits = [e for e in events if e.get("event") == "sync_deferred_for_cluster"]
     b_waits_in_red = [e for e in waits if e.get("job_id") == job_b
                       and datetime.fromisoformat(e["timestamp"]) < restart_wall]
-    report("checked", nodes_restart_s=round(restart_s, 1), ready_again_after_kill_s=ready_s,
+    report("checked", nodes_restart_s=round(restart_s, 1), primaries_failed_for_opensearch=repaired,
+           ready_again_after_kill_s=ready_s,
            search_after=(after.status_code, len(after.json().get("hits", []))), search_200_after_ready_s=search_ok_s,
            searches_failed_after_ready=(len(after_ready), after_ready[:2]),
            job_a=(a["state"], a["retries"]), job_b=(b["state"], b["retries"]), job_c=(c["state"], c["retries"]),
