@@ -5,7 +5,8 @@ Usage: ``SCOPEKB_KEY=<agent key> python examples/mcp_search.py "retry failed upl
 
 ``--url`` defaults to ``http://localhost:8000/mcp`` (``scopekb up --port 8000``); the agent key is sent as a bearer
 token, exactly as over REST. Prints the ``search`` tool's text answer (each hit's path, lines, score and the
-fenced chunk) and exits 1 when the tool reports an error (e.g. a context the key may not search).
+fenced chunk) and exits 1 when the tool reports an error (e.g. a context the key may not search), 2 with one line
+on stderr when there is no key or no MCP service answering at ``--url``.
 """
 
 from __future__ import annotations
@@ -40,8 +41,17 @@ def main() -> int:
     if not key:
         print("error: set SCOPEKB_KEY to an agent key (POST /v1/keys with the admin token)", file=sys.stderr)
         return 2
-    is_error, text = anyio.run(search, args.url, key, args.query, args.mode)
-    print(text)
+    try:
+        is_error, text = anyio.run(search, args.url, key, args.query, args.mode)
+    except Exception as e:  # noqa: BLE001 - the SDK raises an ExceptionGroup of transport errors: say it in one line
+        while isinstance(e, BaseExceptionGroup) and e.exceptions:
+            e = e.exceptions[0]
+        print(f"error: no MCP answer from {args.url} ({type(e).__name__}: {e}); is `scopekb up` running there? "
+              "(--url names another address)", file=sys.stderr)
+        return 2
+    # indexed content is untrusted: control characters (ANSI/OSC escapes) are printed escaped, never to the terminal
+    print("".join(ch if ch in "\n\t" or ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                  for ch in text))
     return 1 if is_error else 0
 
 

@@ -76,6 +76,8 @@ class KeyCreate(BaseModel):
     @field_validator("context_ids")
     @classmethod
     def _contexts(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:  # hostile review 5: [] was stored as null, a key for every context
+            raise ValueError("context_ids must name at least one context, or be null for all of the agent's contexts")
         return None if v is None else [Scope(agent_name="x", context_id=c).context_id for c in v]
 
 

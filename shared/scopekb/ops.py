@@ -151,7 +151,7 @@ def create_key(rt: ControlRuntime, body: KeyCreate) -> tuple[ApiKey, str]:
     """Create an agent key. Returns the stored record (only the key's sha256 in it) and the key, shown once."""
     secret, h = new_key()
     rec = ApiKey(id="key_" + uuid.uuid4().hex[:12], agent_name=body.agent_name,
-                 context_ids=body.context_ids or None, key_hash=h, label=body.label)
+                 context_ids=body.context_ids, key_hash=h, label=body.label)
     rt.records.put("keys", rec.id, rec.model_dump(mode="json"))
     log.info("key_created", key_id=rec.id, agent_name=rec.agent_name)
     return rec, secret

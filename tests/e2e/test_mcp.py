@@ -181,6 +181,10 @@ def test_the_python_example_searches_over_mcp(stack: Stack, mcp_world: dict[str,
     no_key = subprocess.run(cmd, env={k: v for k, v in env.items() if k != "SCOPEKB_KEY"}, capture_output=True,
                             text=True, timeout=60)
     assert no_key.returncode == 2 and no_key.stderr.startswith("error: set SCOPEKB_KEY"), no_key.stderr
+    nobody = subprocess.run([*cmd[:4], "http://127.0.0.1:9/mcp"], env=env, capture_output=True, text=True,
+                            timeout=60)  # nothing listens there: one line naming the address, no traceback
+    assert nobody.returncode == 2 and nobody.stderr.count("\n") == 1, nobody.stderr
+    assert nobody.stderr.startswith("error: no MCP answer from http://127.0.0.1:9/mcp"), nobody.stderr
 
 
 @pytest.mark.parametrize("auth", [None, "Bearer nope", "Bearer " + ADMIN_TOKEN, "Basic abc", "revoked"])

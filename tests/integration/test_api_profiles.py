@@ -120,6 +120,10 @@ def test_keys_search_and_revocation(api: dict[str, Any]) -> None:
     src = _register(api)
     run_sync(rt.sync_deps(), "prof-" + uuid.uuid4().hex[:8], [src["id"]], trigger="cli")
     rt.chunks.refresh()
+    # hostile review 5: an empty list was stored as null, a key that could search every context of the agent
+    empty = c.post("/v1/keys", json={"agent_name": "prof", "context_ids": []})
+    assert empty.status_code == 422 and "at least one context" in empty.text, empty.text
+    assert c.get("/v1/keys").json() == []
     made = c.post("/v1/keys", json={"agent_name": "prof", "context_ids": ["c"], "label": "t"})
     assert made.status_code == 201
     key, key_id = made.json()["key"], made.json()["id"]
