@@ -242,6 +242,9 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
                                rt.counter)
         except CommitNotIndexed as e:  # pin it (issue 23) and say what to wait for
             pin = ops.pin_commit(rt, scope, e.commit, req.source_id, req.repo)
+            if pin["status"] == "indexed":  # an annotated tag's id whose commit is indexed: search at that commit
+                return render_text(run_search(rt.chunks, req.model_copy(update={"ref": pin["ref"]}), scope, cfg,
+                                              embed, records=rt.records), max_tokens, rt.counter)
             tagged = "" if pin["ref"] == e.commit else " (the commit the annotated tag asked for tags)"
             return (f"Commit {field(pin['ref'])}{tagged} is being indexed (job {field(pin['job_id'])}); search "
                     f"again with ref {field(pin['ref'])} in a few seconds.")

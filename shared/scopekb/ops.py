@@ -443,7 +443,8 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
     lives ``git.pin_ttl_s`` seconds. A pin already requested answers with its job again.
 
     Returns ``{"status": "pinning", "ref": commit, "source_id", "job_id", "expires_at"}`` (HTTP 202: search again
-    when the job is done).
+    when the job is done), or ``{"status": "indexed", "ref", "source_id"}`` when the commit (an annotated tag's,
+    peeled) is already some ref's indexed commit: the caller searches at ``ref`` at once.
 
     Raises:
         NotFound: (404) ``commit`` is not a full commit id; no git source of the scope (narrowed by ``source_id``
@@ -466,7 +467,10 @@ def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: s
     if not sources:
         raise NotFound("no git source of this scope to find that commit in")
     for src in sources:
-        st = ref_states(rt.records, src).get(commit)
+        states = ref_states(rt.records, src)
+        if any(st.get("commit") == commit for st in states.values()):  # an annotated tag's commit, indexed already
+            return {"status": "indexed", "ref": commit, "source_id": src.id}  # hostile review 5: search at it
+        st = states.get(commit)
         if st and st.get("pinned"):
             return {"status": "pinning", "ref": commit, "source_id": src.id, "job_id": st.get("job_id"),
                     "expires_at": st.get("expires_at")}

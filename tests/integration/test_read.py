@@ -250,15 +250,22 @@ def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -
     git(repo, "checkout", "-q", "main")
     git(repo, "tag", "-a", "-m", "annotated", "v0-annotated", parent)
     tag = git(repo, "rev-parse", "v0-annotated").strip()
+    git(repo, "tag", "-a", "-m", "annotated", "v1-on-head", head)
+    head_tag = git(repo, "rev-parse", "v1-on-head").strip()
     assert tag != parent
     # a commit pushed since the last sync (hostile review L1): 404 saying a sync of the source fetches it
     late = c.post("/v1/search", json={"query": "x", "ref": side}, headers=mine)
     assert late.status_code == 404 and "sync of its source" in late.json()["detail"], late.text
     run_sync(api["rt"].sync_deps(), "side-" + uuid.uuid4().hex[:6], [src_id], trigger="cli")
-    # an annotated tag object's id (hostile review L2) pins the commit it tags, and the answer names that commit
+    # an annotated tag object's id (hostile review L2) names the commit it tags: here the pin of `parent`, done
+    # above, so it answers at once (hostile review 5: it answered 202 with the finished pin's job, for ever)
     by_tag = c.post("/v1/search", json={"query": "profiles_marker_function", "ref": tag}, headers=mine)
-    assert by_tag.status_code == 202 and by_tag.json()["ref"] == parent, by_tag.text
-    assert by_tag.json()["source_id"] == src_id, by_tag.text
+    assert by_tag.status_code == 200 and {h["commit"] for h in by_tag.json()["hits"]} == {parent}, by_tag.text
+    # and a tag object whose commit is main's indexed head answers at once too (it made a pin of that commit)
+    for _ in range(2):
+        on_head = c.post("/v1/search", json={"query": "profiles_marker_function", "ref": head_tag}, headers=mine)
+        assert on_head.status_code == 200, on_head.text
+        assert {h["commit"] for h in on_head.json()["hits"]} == {head}, on_head.text
     r = c.post("/v1/search", json={"query": "profiles_marker_function", "ref": parent}, headers=mine)
     assert r.status_code == 200 and {h["commit"] for h in r.json()["hits"]} == {parent}, r.text
     for obj, kind in ((f"{parent}^{{tree}}", "tree"), (f"{parent}:lib.py", "blob")):  # a tree or blob id: 404

@@ -36,7 +36,12 @@ def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt,
         resp = run_search(rt.chunks, req, scope, rt.settings.query,  # SearchUnavailable is Refused: 400
                           embed=rt.embed_query if rt.embedder is not None else None, records=rt.records)
     except CommitNotIndexed as e:  # a commit no ref has indexed: pin it (issue 23); 202 with the job to wait for
-        return JSONResponse(ops.pin_commit(rt, scope, e.commit, req.source_id, req.repo), status_code=202)
+        pin = ops.pin_commit(rt, scope, e.commit, req.source_id, req.repo)
+        if pin["status"] != "indexed":
+            return JSONResponse(pin, status_code=202)
+        # an annotated tag's id whose commit is indexed: search at that commit
+        resp = run_search(rt.chunks, req.model_copy(update={"ref": pin["ref"]}), scope, rt.settings.query,
+                          embed=rt.embed_query if rt.embedder is not None else None, records=rt.records)
     if format == "text":
         return PlainTextResponse(render_text(resp, req.max_tokens, rt.counter))
     return json_answer(resp)
