@@ -118,20 +118,18 @@ def base_forms(word: str) -> list[str]:
     elif w.endswith("ied") and len(w) > 4:
         out.append(w[:-3] + "y")
     elif w.endswith("ed") and len(w) > 3:
-        stem = w[:-2]
-        out.append(stem)
-        if stem[-1] == stem[-2] and stem[-1] not in _VOWELS and stem[-1] not in "lsz":
-            out.append(stem[:-1])
-        elif stem[-1] not in _VOWELS:
-            out.append(stem + "e")
+        out += _stem_forms(w[:-2])
     elif w.endswith("ing") and len(w) > 5:
-        stem = w[:-3]
-        out.append(stem)
-        if stem[-1] == stem[-2] and stem[-1] not in _VOWELS and stem[-1] not in "lsz":
-            out.append(stem[:-1])
-        elif stem[-1] not in _VOWELS:
-            out.append(stem + "e")
+        out += _stem_forms(w[:-3])
     return [b for b in out if len(b) >= 3 and b != w]
+
+
+def _stem_forms(stem: str) -> list[str]:
+    """What a word ending in ``-ed``/``-ing`` may come from, given the word without that ending: the stem, then the
+    stem with a doubled final consonant undone (``stopp`` → stop) or with an ``e`` added (``encod`` → encode)."""
+    if stem[-1] == stem[-2] and stem[-1] not in _VOWELS and stem[-1] not in "lsz":
+        return [stem, stem[:-1]]
+    return [stem, stem + "e"] if stem[-1] not in _VOWELS else [stem]
 
 
 def _inflect(query: str) -> str:
