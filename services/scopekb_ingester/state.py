@@ -14,17 +14,21 @@ from scopekb.runtime import ControlRuntime
 
 #: Seconds the source cache is trusted without a sources-version change.
 SOURCE_CACHE_TTL_S = 30.0
-#: Seconds between two reads of the sources version (issue 20: not one coordination round trip per webhook).
-SOURCE_VERSION_CHECK_S = 1.0
+#: Seconds between two reads of the sources version. 0: read on every webhook (one Redis GET, ~0.2 ms). A longer
+#: interval (1 s before) let a push for a repository that other sources already track miss a source registered
+#: a moment before it: the cached list still matched the repository, so nothing forced a reload, and the new
+#: source's scope never got that push (seen as a flaky e2e test, test_same_delivery_five_times_concurrently).
+SOURCE_VERSION_CHECK_S = 0.0
 
 
 class SourceCache:
     """Registered sources kept in memory so most webhook requests do no record-store or coordination I/O.
 
-    Reloaded when the sources version changes (registration bumps it; read at most every ``check_s`` seconds),
-    when older than ``ttl_s``, or on a miss (a push for a repository not in the cache) at most once a second, so a
-    source registered a moment ago is found on its first push. A removed source may still be matched for up to
-    ``check_s`` seconds; its sync then finds no source and does nothing.
+    Reloaded when the sources version changes (registration and removal bump it before they answer; read on every
+    ``get`` with the default ``check_s`` of 0), when older than ``ttl_s``, or on a miss (a push for a repository not
+    in the cache) at most once a second. So a source registered before a push is matched by that push, also when
+    other sources of the same repository were cached already; a removed source is not matched once its removal
+    has answered.
     """
 
     def __init__(self, loader: Callable[[], list[Source]], version: Callable[[], int],

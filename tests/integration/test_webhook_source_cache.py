@@ -1,0 +1,92 @@
+"""A source registered for a repository other sources already track gets the very next push (both profiles).
+
+The ingester keeps the registered sources in memory (``scopekb_ingester.state.SourceCache``). It read the sources
+version at most once a second, and a push whose repository the cache already matched (through the older sources)
+never forced a reload, so a source registered less than a second before the push was left out of the push's sync:
+its scope did not get that push at all. Found as the flaky e2e test
+``test_same_delivery_five_times_concurrently_is_one_sync`` (its job never listed the new source).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from scopekb import ops
+from scopekb.models import SourceCreate
+from scopekb.settings import Settings
+from tests.webhook_fixtures import ZERO, delivery
+
+SECRET = "cache-" + uuid.uuid4().hex
+NAME = "team/cached-repo"
+
+
+def _repo(tmp: Path) -> tuple[Path, list[str]]:
+    """A repository with three commits on main; returns its path and the commits, oldest first."""
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(tmp), "PATH": "/usr/bin:/bin"}
+    repo = tmp / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=env)
+    commits = []
+    for n in range(3):
+        (repo / "a.txt").write_text(f"line {n}\n")
+        subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True, env=env)
+        subprocess.run(["git", "-C", str(repo), "commit", "-q", "-m", f"c{n}"], check=True, env=env)
+        commits.append(subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, env=env,
+                                      capture_output=True, text=True).stdout.strip())
+    return repo, commits
+
+
+@pytest.fixture(params=["embedded", "distributed"])
+def ingester(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TestClient]:
+    from scopekb_ingester.app import create_app
+
+    run = f"srccache-{uuid.uuid4().hex[:8]}"
+    common: dict[str, Any] = {"embedding": {"provider": "none"}, "log_format": "json", "log_level": "WARNING",
+                              "profile": request.param, "git": {"allow_local_paths": True}}
+    if request.param == "embedded":
+        s = Settings(data_dir=tmp_path / "data", **common)
+    else:  # a queue no worker reads: the pushes are only enqueued
+        s = Settings(opensearch={"url": request.getfixturevalue("opensearch_url"), "alias": f"{run}-chunks",
+                                 "system_prefix": f"{run}-sys"},
+                     redis={"url": request.getfixturevalue("redis_url")}, worker={"queue": f"{run}-queue"},
+                     s3={**request.getfixturevalue("s3_config"), "bucket": run}, **common)
+    app = create_app(s)
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            yield client
+    finally:
+        if request.param == "distributed":
+            app.state.ingester.rt.records.client.indices.delete(index=f"{run}-*", ignore_unavailable=True)
+
+
+def _register(client: TestClient, repo: Path, context: str) -> str:
+    rt = client.app.state.ingester.rt  # type: ignore[attr-defined]
+    body = SourceCreate(agent_name="cache", context_id=context, repo_url=str(repo), repo_name=NAME,
+                        webhook_secret=SecretStr(SECRET))
+    return ops.register_source(rt, body).id
+
+
+def _push(client: TestClient, repo: Path, before: str, after: str) -> dict[str, Any]:
+    body, headers = delivery("github", NAME, str(repo), before, after, SECRET)
+    r = client.post("/webhooks/github", content=body, headers=headers)
+    assert r.status_code == 202, r.text
+    return dict(r.json())
+
+
+def test_a_source_registered_just_before_a_push_gets_it(ingester: TestClient, tmp_path: Path) -> None:
+    repo, commits = _repo(tmp_path)
+    first = _register(ingester, repo, "one")
+    assert _push(ingester, repo, ZERO, commits[0])["sources"] == [first]  # the cache now holds the repository
+    for n, commit in enumerate(commits[1:], 1):
+        newer = _register(ingester, repo, f"ctx{n}")  # within a millisecond of the push below
+        got = _push(ingester, repo, commits[n - 1], commit)
+        assert newer in got["sources"], (n, got)
