@@ -887,7 +887,10 @@ def _index_batches(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[
     s = deps.settings
     out = _Outcome()
     failed = out.failed
-    chunk_cache: dict[str, list[Chunk]] = {}  # blob sha -> chunks: one chunking per blob per sync
+    # (blob sha, language) -> chunks: one chunking per blob and language per sync. Chunking depends on the path's
+    # language (markdown sections, line windows, notebook cells, syntax), so one blob at a.py and b.md is chunked
+    # twice; keyed by blob alone, b.md got a.py's line windows (CI failure of test_multi_ref at d1a6203).
+    chunk_cache: dict[tuple[str, str], list[Chunk]] = {}
     index_sets = {plan.source.id: frozenset(plan.to_index) for plan in plans}
     all_paths = sorted(set().union(*index_sets.values()))
     group = sorted(index_sets)
@@ -909,18 +912,20 @@ def _index_batches(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[
             if prep is None:
                 continue
             chunks: list[Chunk] = []
+            lang = filetypes.language_for(path)
             if prep.skip is None:
                 sha = prep.entry.sha
-                got = (chunk_cache[sha] if sha in chunk_cache
+                key = (sha, lang)
+                got = (chunk_cache[key] if key in chunk_cache
                        else _chunk_file(deps, job, group, path, sha, crash, attempts, prep.data, uploads))
                 if got is None:
                     failed_paths.add(path)
                 else:
-                    chunks = chunk_cache[sha] = got
+                    chunks = chunk_cache[key] = got
                     if prep.meta:  # copies: the cached chunks stay without this object's metadata
                         chunks = [dataclasses.replace(c, metadata={**c.metadata, OBJECT_METADATA_KEY: dict(prep.meta)})
                                   for c in chunks]
-            per_path.append((path, filetypes.language_for(path), prep.entry.sha, chunks))
+            per_path.append((path, lang, prep.entry.sha, chunks))
             if prep.skip is None and chunks:
                 job.files_indexed += 1
         if attempts is not None:  # a death from here on is not the files' fault

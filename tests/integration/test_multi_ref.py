@@ -418,3 +418,37 @@ def test_a_file_an_overlay_drops_after_its_base_gained_it_leaves_the_overlay(wor
         job = run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
         assert job.state.value == "done", job.errors
         check(world, hist, src)
+
+
+def test_one_blob_at_paths_of_two_languages_is_chunked_for_each(world: dict[str, Any],
+                                                                 tmp_path_factory: Any) -> None:
+    """Regression (CI on main at d1a6203, shrunk by hand from the property test above): ``a.py`` and ``b.md`` hold
+    the same bytes, so one git blob. A sync chunked that blob once and reused its chunks for every path holding it
+    (a cache keyed by blob sha), so ``b.md`` got ``a.py``'s line windows (1-4, 4-7, 7-9) instead of its markdown
+    sections (1-8, 9 ``# notes``); the index (and a fresh index) of the commit differed from what the chunker gives
+    each file. Each path gets its own language's chunks, on a first sync, on a branch's copy of main, and on a push
+    that makes the files equal."""
+    deps: SyncDeps = world["deps"]
+    hist = History(tmp_path_factory.mktemp("hist") / "repo.git")
+    body = "\n".join(["text line"] * 8 + ["# notes"]) + "\n"
+    first = hist.commit("main", {"a.py": body, "b.md": body, "c.txt": body})
+    git(hist.path, "update-ref", "refs/heads/b1", first)
+    src = Source(id=Source.new_id(), agent_name="mref", context_id=uuid.uuid4().hex[:8], repo_url=str(hist.path),
+                 ref="main", refs=["main", "b*"], webhooks=False)
+    deps.records.put_source(src)
+    for step in ("first sync", "b1: b.md and c.txt become equal to a new a.py"):
+        if step.startswith("b1"):
+            other = "\n".join(["value = 3"] * 6 + ["# notes", "print(value)"]) + "\n"
+            hist.commit("b1", {"a.py": other, "b.md": other, "c.txt": other})
+        job = run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
+        assert job.state.value == "done", job.errors
+        for ref, commit in hist.refs().items():
+            got = {(d[F.PATH], d[F.START_LINE], d[F.END_LINE], d[F.CONTENT], d[F.KIND])
+                   for d in stored(world, src, ref)}
+            want = {(p, c.start_line, c.end_line, c.content, c.kind) for p, data in hist.files(commit).items()
+                    for c in chunk_document(p, decode_text(data), language_for(p), deps.settings.chunking,
+                                            deps.counter)}
+            # the case holds: one blob, and the two languages cut it at other lines
+            assert {k[1:3] for k in want if k[0] == "b.md"} != {k[1:3] for k in want if k[0] == "a.py"}
+            assert got == want, (step, ref, sorted(got ^ want))
+        check(world, hist, src)
