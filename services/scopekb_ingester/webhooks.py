@@ -2,8 +2,10 @@
 
 ``POST /webhooks/{github,gitlab,gitea,forgejo,bitbucket}``: read the raw body (size-capped), find the
 registered sources of the repository, verify the provider's signature or token against their secrets, answer
-pings, drop a repeated delivery id, enqueue ``scopekb.sync_sources`` by name with the delivery id as task and
-job id (through :func:`scopekb.ops.enqueue_delivery`, queued marker included), and answer 202. Bad input gets
+pings, drop a repeated delivery, enqueue ``scopekb.sync_sources`` by name and answer 202. A delivery is keyed
+by (host kind, the sources its signature admitted, delivery id) (:func:`scopekb.ops.delivery_key`): that key is
+the dedupe key and the task and job id stem, so a sender-chosen id never dedupes against or names another
+scope's job (through :func:`scopekb.ops.enqueue_delivery`, queued marker included). Bad input gets
 400/401/404/413, never 5xx, and enqueues nothing; an unavailable queue or registry gets 503.
 """
 
@@ -46,10 +48,12 @@ def _err(status: int, detail: str, provider: str, outcome: str) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status)
 
 
-def _enqueue(ing: Ingester, provider: str, delivery: str, specs: list[ops.SyncSpec]) -> JSONResponse | None:
-    """Claim and enqueue; None when queued, else the answer (duplicate 200, unavailable 503)."""
+def _enqueue(ing: Ingester, provider: str, key: str, specs: list[ops.SyncSpec],
+             delivery: str | None = None) -> JSONResponse | None:
+    """Claim ``key`` (:func:`scopekb.ops.delivery_key`) and enqueue; None when queued, else the answer (duplicate
+    200 naming this delivery's own job, unavailable 503)."""
     try:
-        if not ops.enqueue_delivery(ing.rt, provider, delivery, specs):
+        if not ops.enqueue_delivery(ing.rt, provider, key, specs, delivery_id=delivery):
             WEBHOOKS.labels(provider, "duplicate").inc()
             log.info("webhook_duplicate")
             return JSONResponse({"status": "duplicate", "job_id": specs[0].job_id}, status_code=200)
@@ -106,9 +110,10 @@ def _process_s3(ing: Ingester, raw: bytes) -> JSONResponse:
         return JSONResponse({"status": "ignored", "reason": "no source covers these keys"}, status_code=202)
     delivery = "s3-" + hashlib.sha256(raw).hexdigest()[:32]
     bind_context(delivery_id=delivery, provider="s3")
-    specs = [ops.SyncSpec(job_id=f"{delivery}:{n}", source_ids=[src.id], trigger="s3-event", ref=src.ref)
+    key = ops.delivery_key("s3", delivery, [src.id for src in targets])
+    specs = [ops.SyncSpec(job_id=f"{key}:{n}", source_ids=[src.id], trigger="s3-event", ref=src.ref)
              for n, src in enumerate(targets)]
-    answer = _enqueue(ing, "s3", delivery, specs)
+    answer = _enqueue(ing, "s3", key, specs, delivery)
     if answer is not None:
         return answer
     return JSONResponse({"status": "queued", "job_ids": [s.job_id for s in specs]}, status_code=202)
@@ -166,12 +171,14 @@ def _process(ing: Ingester, provider: str, prov: Provider, raw: bytes, headers: 
         WEBHOOKS.labels(provider, "ignored").inc()
         log.info("webhook_ignored", refs=[p.ref for p in parsed.pushes], reason=reason)
         return JSONResponse({"status": "ignored", "reason": reason}, status_code=202)
-    specs = [ops.SyncSpec(job_id=delivery if len(work) == 1 else f"{delivery}:{n}",
+    # Keyed by the sources this signature admitted, not the sender-chosen id alone (hostile review 6)
+    key = ops.delivery_key(provider, delivery, [s.id for s in eligible])
+    specs = [ops.SyncSpec(job_id=key if len(work) == 1 else f"{key}:{n}",
                           source_ids=[s.id for s in targets], trigger="webhook", ref=short_name(push.ref),
                           to_commit=None if push.deleted else push.after,
                           task_kwargs={"after": push.after, "branch_deleted": push.deleted})
              for n, (push, targets) in enumerate(work)]
-    answer = _enqueue(ing, provider, delivery, specs)
+    answer = _enqueue(ing, provider, key, specs, delivery)
     if answer is not None:
         return answer
     job_ids = [s.job_id for s in specs]

@@ -13,10 +13,11 @@ Every enqueued sync writes its queued marker first (:meth:`scopekb.coordination.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -234,23 +235,38 @@ class SyncSpec:
     task_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def enqueue_delivery(rt: ControlRuntime, provider: str, delivery_id: str, specs: Sequence[SyncSpec]) -> bool:
-    """Claim a webhook or object-store event delivery once, then enqueue its syncs. False for a repeat.
+def delivery_key(provider: str, delivery_id: str, source_ids: Iterable[str]) -> str:
+    """The dedupe key and job id stem of a webhook or object-store delivery: ``<delivery id>.<12 hex>``.
+
+    The hex is the first 12 of sha256 over the host kind and the sorted ids of the sources the delivery concerns
+    (for a signed webhook: those whose secret verified the body). A delivery id is chosen by the sender (any git
+    host, or a tenant replaying another tenant's id with its own valid signature), so it alone must neither
+    dedupe against nor name another scope's job: equal keys mean the same host, the same sources and the same id
+    (a true redelivery); the id stays the prefix so logs still trace one push end to end.
+    """
+    scope = "\0".join([provider, *sorted(set(source_ids))])
+    return f"{delivery_id}.{hashlib.sha256(scope.encode()).hexdigest()[:12]}"
+
+
+def enqueue_delivery(rt: ControlRuntime, provider: str, key: str, specs: Sequence[SyncSpec],
+                     delivery_id: str | None = None) -> bool:
+    """Claim a webhook or object-store delivery once by its ``key`` (:func:`delivery_key`), then enqueue its
+    syncs. False for a repeat. ``delivery_id`` (the host's, default ``key``) goes to the task for its log lines.
 
     If enqueueing fails the claim is released, so the sender's retry is not dropped as a duplicate.
 
     Raises:
         Transient: the coordination backend or the broker is unavailable (nothing was claimed).
     """
-    if not rt.coord.claim_delivery(provider, delivery_id, rt.settings.ingester.dedupe_ttl_s):
+    if not rt.coord.claim_delivery(provider, key, rt.settings.ingester.dedupe_ttl_s):
         return False
     try:
         for s in specs:
             enqueue_sync(rt, s.source_ids, trigger=s.trigger, job_id=s.job_id, ref=s.ref, to_commit=s.to_commit,
-                         delivery_id=delivery_id, **s.task_kwargs)
+                         delivery_id=delivery_id or key, **s.task_kwargs)
     except Exception as e:
         with contextlib.suppress(Exception):  # the backend itself may be the failure; the error below says so
-            rt.coord.release_delivery(provider, delivery_id)
+            rt.coord.release_delivery(provider, key)
         raise Transient(f"queue unavailable ({type(e).__name__})") from e
     return True
 

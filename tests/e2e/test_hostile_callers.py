@@ -6,7 +6,8 @@
 3. pathological file patterns are refused with 400 naming the limit, quickly, and /healthz stays responsive;
 4. bodies are judged before they are read: 401 or 413 without reading, on every route;
 5. ``[`` × 1000 is 400 on every route that parses JSON;
-8. security headers everywhere; /docs loads nothing from the internet.
+8. security headers everywhere; /docs loads nothing from the internet;
+9. (hostile review 6) a delivery id chosen by another tenant neither suppresses nor reveals its job.
 """
 
 from __future__ import annotations
@@ -140,6 +141,31 @@ def check_unsigned_and_replayed_deliveries(base_q: str, base_i: str, admin: http
     assert _search(base_q, key, marker).json()["hits"] == []
 
 
+def check_delivery_id_collision(base_q: str, base_i: str, admin: httpx.Client, tmp: Path) -> None:
+    """Tenant B replays tenant A's delivery id with B's own valid signature before A's push arrives: both pushes
+    are indexed, each answer names its own job, and A's true redelivery is still a duplicate of A's job."""
+    did = str(uuid.uuid4())
+    tenants = []
+    for n in ("a", "b"):
+        marker = f"collide_{n}_" + uuid.uuid4().hex[:8]
+        repo, head = _repo(tmp, marker, f"collide-{n}")
+        name = f"team-{n}/collide-" + uuid.uuid4().hex[:6]
+        r = admin.post("/v1/sources", json={"agent_name": f"collide-{n}", "context_id": "c", "repo_url": str(repo),
+                                            "ref": "main", "repo_name": name})
+        assert r.status_code == 201, r.text
+        key = admin.post("/v1/keys", json={"agent_name": f"collide-{n}", "context_ids": ["c"]}).json()["key"]
+        tenants.append((marker, delivery("github", name, str(repo), ZERO, head, r.json()["webhook_secret"],
+                                         delivery_id=did), key))
+    answers = [httpx.post(f"{base_i}/webhooks/github", content=tenants[n][1][0], headers=tenants[n][1][1],
+                          timeout=30) for n in (1, 0, 0)]
+    assert [a.status_code for a in answers] == [202, 202, 200], [a.text for a in answers]
+    assert answers[0].json()["job_id"] != answers[1].json()["job_id"]
+    assert answers[2].json() == {"status": "duplicate", "job_id": answers[1].json()["job_id"]}
+    for (marker, _, key), answer in zip((tenants[1], tenants[0]), answers[:2], strict=True):
+        assert _wait_job(admin, answer.json()["job_id"])["state"] == "done"
+        assert [h["path"] for h in _search(base_q, key, marker).json()["hits"]] == ["lib.py"]
+
+
 def check_patterns(base_q: str, key: str) -> None:
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         t0 = time.perf_counter()
@@ -222,6 +248,7 @@ def check_headers(base_q: str, base_i: str) -> None:
 def test_hostile_callers_distributed(stack: Stack, tmp_path: Path) -> None:
     with stack.admin() as admin:
         check_unsigned_and_replayed_deliveries(stack.query_url, stack.ingester_url, admin, tmp_path)
+        check_delivery_id_collision(stack.query_url, stack.ingester_url, admin, tmp_path)
         key = admin.post("/v1/keys", json={"agent_name": "hostile", "context_ids": ["c"]}).json()["key"]
         check_patterns(stack.query_url, key)
         check_bodies(stack.query_url, stack.ingester_url, key)
@@ -264,6 +291,7 @@ def test_hostile_callers_embedded(embedded: str, tmp_path: Path) -> None:
     base = embedded
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as admin:
         check_unsigned_and_replayed_deliveries(base, base, admin, tmp_path)
+        check_delivery_id_collision(base, base, admin, tmp_path)
         key = admin.post("/v1/keys", json={"agent_name": "hostile", "context_ids": ["c"]}).json()["key"]
         check_patterns(base, key)
         check_bodies(base, base, key)

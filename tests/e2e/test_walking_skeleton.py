@@ -112,8 +112,8 @@ def test_signed_push_makes_real_repository_searchable(stack: Stack, click_repo: 
     d1 = "gh-" + uuid.uuid4().hex
     r = _push(stack, repo, ZERO, c1, d1)
     assert r.status_code == 202, r.text
-    assert r.json()["job_id"] == d1
-    job = stack.wait_job(d1)
+    assert r.json()["job_id"].startswith(d1 + ".")  # the delivery id keyed by host and sources
+    job = stack.wait_job(r.json()["job_id"])
     assert job["state"] == "done", job
     assert job["to_commit"] == c1 and job["files_indexed"] > 50 and job["chunks_written"] > 0
 
@@ -142,7 +142,7 @@ def test_signed_push_makes_real_repository_searchable(stack: Stack, click_repo: 
     d2 = "gh-" + uuid.uuid4().hex
     r = _push(stack, repo, c1, c2, d2)
     assert r.status_code == 202, r.text
-    job = stack.wait_job(d2)
+    job = stack.wait_job(r.json()["job_id"])
     assert job["state"] == "done", job
     assert job["from_commit"] and set(job["from_commit"].values()) == {c1} and job["to_commit"] == c2
     apath, afirst, _ = defs2[added]
@@ -158,8 +158,9 @@ def test_signed_push_makes_real_repository_searchable(stack: Stack, click_repo: 
     assert r.status_code == 200 and r.json()["status"] == "duplicate"
     # A new delivery of the same commit is a no-op sync.
     d3 = "gh-" + uuid.uuid4().hex
-    assert _push(stack, repo, c1, c2, d3).status_code == 202
-    job = stack.wait_job(d3)
+    r = _push(stack, repo, c1, c2, d3)
+    assert r.status_code == 202
+    job = stack.wait_job(r.json()["job_id"])
     assert job["state"] == "done" and job["chunks_written"] == 0 and job["files_indexed"] == 0
     assert _ids_and_count(stack, keys[scopes[0]]) == before
     metrics = httpx.get(stack.query_url + "/metrics", timeout=30).text

@@ -131,3 +131,44 @@ def test_security_headers_and_exposure(apps: dict[str, Any]) -> None:
         assert r.headers["x-frame-options"] == "DENY" and r.headers["referrer-policy"] == "no-referrer", path
         assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
     assert "https://" not in apps["a"].get("/docs").text
+
+
+def test_a_delivery_id_chosen_by_another_scope_neither_blocks_nor_reveals_a_job(apps: dict[str, Any]) -> None:
+    """Dedupe and job ids are keyed by (host, the sources the signature admits, delivery id): a tenant replaying
+    another tenant's delivery id with its own valid signature gets a job of its own (not 'duplicate' with the
+    other job's id), the other tenant's delivery is still queued, and a true redelivery is still one job."""
+    from scopekb.realrepo import git
+
+    repos, secrets, names = [], [], []
+    for n in range(2):
+        repo = apps["tmp"] / f"repo{n}"
+        repo.mkdir()
+        git(repo, "init", "-q", "-b", "main")
+        (repo / "a.py").write_text(f"x = {n}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", "one")
+        name = f"team{n}/" + uuid.uuid4().hex[:6]
+        r = apps["a"].post("/v1/sources", headers=_admin(), json={"agent_name": f"tenant{n}", "context_id": "c",
+                                                                  "repo_url": str(repo), "repo_name": name})
+        assert r.status_code == 201, r.text
+        repos.append(repo)
+        secrets.append(r.json()["webhook_secret"])
+        names.append(name)
+    for prov in PROVS:
+        did = f"{{{uuid.uuid4()}}}" if prov == "bitbucket" else str(uuid.uuid4())
+        answers = []
+        for n in (1, 0, 0):  # tenant 1 first with tenant 0's id, then tenant 0, then tenant 0's redelivery
+            body, h = delivery(prov, names[n], str(repos[n]), ZERO, git(repos[n], "rev-parse", "HEAD"), secrets[n],
+                               delivery_id=did)
+            answers.append(apps["ingester"].post(f"/webhooks/{prov}", content=body, headers=h))
+        first, second, again = answers
+        assert (first.status_code, second.status_code, again.status_code) == (202, 202, 200), (prov, answers)
+        assert first.json()["job_id"] != second.json()["job_id"], prov
+        assert again.json() == {"status": "duplicate", "job_id": second.json()["job_id"]}, prov
+        for a in (first, second):  # the job id still names the delivery, so logs trace one push end to end
+            assert a.json()["job_id"].startswith(did), (prov, a.json())
+        jobs = {a.json()["job_id"]: apps["a"].get(f"/v1/jobs/{a.json()['job_id']}", headers=_admin()).json()
+                for a in (first, second)}
+        assert {tuple(j["source_ids"]) for j in jobs.values()} == {(first.json()["sources"][0],),
+                                                                   (second.json()["sources"][0],)}, prov
+
