@@ -187,7 +187,25 @@ class _OneLineErrors(MCPServer):
     start_line: Input should be ...``), instead of the SDK's
     multi-line pydantic dump with documentation URLs."""
 
+    def add_tool(self, *args: Any, **kwargs: Any) -> None:
+        """Add a tool whose input schema says ``additionalProperties: false`` (enforced in :meth:`call_tool`)."""
+        super().add_tool(*args, **kwargs)
+        for tool in self._tool_manager.list_tools():  # the SDK's own registry (MCPServer reads it the same way)
+            tool.parameters.setdefault("additionalProperties", False)
+
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        """Call ``name``; an argument the tool does not take is a tool error naming it (the SDK would drop it
+        silently, as REST answers 422 for an unknown field of a body: hostile review 6)."""
+        tool = self._tool_manager.get_tool(name)
+        if tool is not None and isinstance(arguments, dict):
+            known = tool.parameters.get("properties", {})
+            unknown = [k for k in arguments if k not in known]
+            if unknown:
+                names = ", ".join(field(str(k), 60) for k in unknown[:5]) + (
+                    f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else "")
+                raise ToolError(f"Error executing tool {name}: invalid arguments: unknown argument"
+                                f"{'s' if len(unknown) > 1 else ''} {names}; {name} takes "
+                                f"{', '.join(sorted(known))}")
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as e:

@@ -172,3 +172,36 @@ def test_a_delivery_id_chosen_by_another_scope_neither_blocks_nor_reveals_a_job(
         assert {tuple(j["source_ids"]) for j in jobs.values()} == {(first.json()["sources"][0],),
                                                                    (second.json()["sources"][0],)}, prov
 
+
+def _mcp(client: TestClient, key: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+    r = client.post("/mcp", json=call, headers={"Authorization": f"Bearer {key}",
+                                                 "Accept": "application/json, text/event-stream"})
+    assert r.status_code == 200, r.text
+    return r.json()["result"]
+
+
+def test_unknown_arguments_are_refused_naming_them_on_mcp_and_rest(apps: dict[str, Any]) -> None:
+    """Hostile review 6: MCP dropped an unknown argument silently (``serch_mode``, ``contextId``: the caller got an
+    answer to a question it did not ask); now a tool error naming it, as REST's 422 names an unknown body field."""
+    key = apps["a"].post("/v1/keys", json={"agent_name": "args", "context_ids": ["c"]}, headers=_admin()).json()
+    for tool, args in (("search", {"query": "x", "contextId": "c"}), ("status", {"context": "c"}),
+                       ("index", {"source_id": "s", "force": True}),
+                       ("read", {"path": "a", "blob_sha": "0" * 40, "lines": "1-3"})):
+        res = _mcp(apps["a"], key["key"], tool, args)
+        text = res["content"][0]["text"]
+        bad = next(k for k in args if k not in ("query", "source_id", "path", "blob_sha"))
+        assert res["isError"] and f"unknown argument {bad};" in text and "\n" not in text, (tool, text)
+    res = _mcp(apps["a"], key["key"], "search", {"query": "x", "a\nb": 1, "<b>": 2})  # names stay one line
+    assert res["isError"] and "unknown arguments" in res["content"][0]["text"]
+    assert "\n" not in res["content"][0]["text"]
+    tools = apps["a"].post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers={
+        "Authorization": f"Bearer {key['key']}", "Accept": "application/json, text/event-stream"}).json()
+    assert all(t["inputSchema"]["additionalProperties"] is False for t in tools["result"]["tools"])
+    assert not _mcp(apps["a"], key["key"], "search", {"query": "x"})["isError"]  # known arguments still work
+    auth = {"Authorization": f"Bearer {key['key']}"}
+    r = apps["a"].post("/v1/search", json={"query": "x", "contextId": "c"}, headers=auth)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "contextId"], r.text
+    r = apps["a"].post("/v1/keys", json={"agent_name": "x", "context_ids": ["c"], "ttl": 5}, headers=_admin())
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "ttl"], r.text
+
