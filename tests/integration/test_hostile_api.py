@@ -205,3 +205,25 @@ def test_unknown_arguments_are_refused_naming_them_on_mcp_and_rest(apps: dict[st
     r = apps["a"].post("/v1/keys", json={"agent_name": "x", "context_ids": ["c"], "ttl": 5}, headers=_admin())
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "ttl"], r.text
 
+
+def test_422_answers_never_echo_the_input(apps: dict[str, Any]) -> None:
+    """Hostile review 6: FastAPI's 422 echoed each error's ``input`` (a 1 MB body of bad metadata came back as
+    1.4 MB); now ``type``, ``loc`` and ``msg`` only, at most 10 errors and a count of the rest."""
+    key = apps["a"].post("/v1/keys", json={"agent_name": "echo", "context_ids": ["c"]}, headers=_admin()).json()
+    auth = {"Authorization": f"Bearer {key['key']}"}
+    secret = "canary_" + uuid.uuid4().hex
+    bodies = [("/v1/search", auth, {"query": "x", "metadata": {"a": [{"b": secret * 20}] * 900}}),
+              ("/v1/search", auth, {"q": secret, "file_patterns": [secret] * 10}),
+              ("/v1/search", auth, {"query": "x", "file_patterns": [1] * 60, "languages": [{secret: 1}] * 30}),
+              ("/v1/sources", _admin(), {"agent_name": "a", "context_id": "c", "repo_url": 5, "junk": secret}),
+              ("/v1/keys", _admin(), {"agent_name": secret * 100, "context_ids": [[secret]] * 200})]
+    for path, headers, body in bodies:
+        r = apps["a"].post(path, json=body, headers=headers)
+        assert r.status_code == 422, (path, r.text[:300])
+        assert secret not in r.text and len(r.content) < 4000, (path, len(r.content), r.text[:300])
+        detail = r.json()["detail"]
+        assert 1 <= len(detail) <= 11 and all(set(d) == {"type", "loc", "msg"} for d in detail), detail
+    r = apps["a"].get("/v1/jobs", params={"limit": "9" * 5000}, headers=_admin())
+    assert r.status_code == 422 and "9" * 50 not in r.text and len(r.content) < 1000, r.text[:300]
+    r = apps["ingester"].post("/webhooks/github", content=b"x", headers={"Content-Type": "application/json"})
+    assert r.status_code < 500 and len(r.content) < 1000

@@ -12,9 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
 from scopekb import ops
 from scopekb.errors import NotFound, Refused, Transient
 from scopekb.models import DeadLetter, KeyCreate, SourceCreate
+from scopekb.render import validation_message
 from scopekb.runtime import Runtime
 
 
@@ -94,8 +97,8 @@ class OpsActions:
     def create_key(self, agent_name: str, context_ids: list[str] | None, label: str | None) -> dict[str, Any]:
         try:
             body = KeyCreate(agent_name=agent_name, context_ids=context_ids, label=label)
-        except ValueError as e:
-            raise ActionRefused(422, str(e)) from None
+        except ValidationError as e:  # one bounded line, never pydantic's dump of the input
+            raise ActionRefused(422, validation_message(e.errors(include_url=False))) from None
         with _refusals():
             rec, secret = ops.create_key(self.rt, body)
         return {"id": rec.id, "key": secret, "agent_name": rec.agent_name, "context_ids": rec.context_ids}

@@ -23,7 +23,7 @@ from scopekb.auth import ApiKey, AuthError, resolve_scope, tokens_equal
 from scopekb.errors import Refused
 from scopekb.logging import get_logger
 from scopekb.models import Job, SearchRequest, Source, SourceCreate
-from scopekb.render import why_line
+from scopekb.render import validation_message, why_line
 from scopekb.runtime import Runtime
 from scopekb.search import SearchUnavailable, run_search
 from scopekb.status import source_status
@@ -419,7 +419,7 @@ def _split(text: str) -> list[str]:
 def _reason(e: Exception) -> str:
     """One line for a refused input: pydantic's messages without their URLs, or the exception's text."""
     if isinstance(e, ValidationError):
-        return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'input'}: {err['msg']}" for err in e.errors())
+        return validation_message(e.errors(include_url=False))  # bounded, as REST and MCP say it
     if isinstance(e, ActionRefused):
         return e.message
     return str(e)
