@@ -148,18 +148,41 @@ def html_text(html: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
+def extraction(path: str) -> str | None:
+    """The text extraction a document at ``path`` needs, by its suffix: ``"pdf"``, ``"html"`` (``.html``,
+    ``.htm``), or None when its bytes are its text."""
+    low = path.lower()
+    if low.endswith(".pdf"):
+        return "pdf"
+    if low.endswith((".html", ".htm")):
+        return "html"
+    return None
+
+
 def to_text(path: str, data: bytes) -> bytes | None:
     """Text bytes (UTF-8) for a document that needs extraction (PDF, HTML), or None to use ``data`` as is.
 
     Raises:
         DocumentError: the document cannot be read.
     """
-    low = path.lower()
-    if low.endswith(".pdf"):
+    kind = extraction(path)
+    if kind == "pdf":
         return pdf_text(data).encode("utf-8")
-    if low.endswith((".html", ".htm")):
+    if kind == "html":
         return html_text(data.decode("utf-8", errors="replace")).encode("utf-8")
     return None
+
+
+def document_id(path: str, raw_id: str) -> str:
+    """The content id of the document at ``path`` whose bytes have id ``raw_id`` (:func:`etag_id`, or a folder
+    file's content hash): its ``blob_sha`` and blob key, under which the sync stores the text it indexed.
+
+    A document's stored text depends on its path (PDF and HTML are extracted, :func:`to_text`), so the same bytes
+    at ``a.html`` and ``a.md`` are two texts and need two ids: an extracted document's id is the sha1 of
+    ``"<extraction>:" + raw_id``; other documents keep ``raw_id``. (Keyed by bytes alone, the second text
+    overwrote the first in the blob store and ``read`` returned the other file's text.)"""
+    kind = extraction(path)
+    return raw_id if kind is None else hashlib.sha1(f"{kind}:{raw_id}".encode()).hexdigest()
 
 
 class ObjectPrefix:
@@ -178,14 +201,14 @@ class ObjectPrefix:
         self._keys: dict[str, str] = {}
 
     def tree(self) -> dict[str, TreeEntry]:
-        """Every object under the prefix: path → entry with ``sha`` = :func:`etag_id` of its ETag and last-modified
-        time."""
+        """Every object under the prefix: path → entry with ``sha`` = :func:`document_id` of the :func:`etag_id` of
+        its ETag and last-modified time."""
         out: dict[str, TreeEntry] = {}
         for obj in self._list():
             rel = obj.object_name[len(self.prefix):]
             if not rel or obj.is_dir:
                 continue
-            sha = etag_id(obj.etag or "", obj.last_modified)
+            sha = document_id(rel, etag_id(obj.etag or "", obj.last_modified))
             self._keys[sha] = obj.object_name
             out[rel] = TreeEntry(path=rel, mode="100644", sha=sha, size=obj.size)
         return out
@@ -253,7 +276,7 @@ class FolderPrefix:
         return self.base / rel
 
     def tree(self) -> dict[str, TreeEntry]:
-        """Every regular file under the prefix: path → entry with ``sha`` from its content."""
+        """Every regular file under the prefix: path → entry with ``sha`` from its content (:func:`document_id`)."""
         out: dict[str, TreeEntry] = {}
         if not self.base.is_dir():
             return out
@@ -265,7 +288,8 @@ class FolderPrefix:
                 if not stat.S_ISREG(st.st_mode) or ".tmp" in name:
                     continue
                 rel = full.relative_to(self.base).as_posix()
-                sha = hashlib.sha1(b"folder:" + hashlib.sha256(full.read_bytes()).digest()).hexdigest()
+                raw = hashlib.sha1(b"folder:" + hashlib.sha256(full.read_bytes()).digest()).hexdigest()
+                sha = document_id(rel, raw)
                 self._paths[sha] = full
                 out[rel] = TreeEntry(path=rel, mode="100644", sha=sha, size=st.st_size)
         return out
