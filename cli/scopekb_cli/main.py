@@ -679,12 +679,14 @@ def search(query: str,
     if max_tokens is not None:  # the agents' answer, as REST format=text and the MCP search tool render it
         out.print(Text(render_text(resp, max_tokens, rt.counter)), soft_wrap=True)
         return
+    out.print(Text(_search_header(rt, resp), style="dim"), soft_wrap=True)
     words = [w for w in query.replace("_", " ").split() if len(w) > 2] + [query]
+    labels = score_labels([h.score for h in resp.hits])
     for n, h in enumerate(resp.hits, 1):
         # Indexed paths, symbols and content are data: control characters are shown escaped (scopekb.render).
         head = Text(f"[{n}] ", style="bold")
         head.append(f"{field(h.path)}:{h.start_line}-{h.end_line}", style="bold cyan")
-        head.append(f"  score {h.score:.2f}", style="green")
+        head.append(f"  score {labels[n - 1]}", style="green")
         if h.symbol:
             head.append(f"  {field(h.symbol, 200)}", style="magenta")
         head.append(f"  {origin(h)}", style="dim")  # context, repo, ref, commit: same lines of two sources differ
@@ -707,6 +709,36 @@ def search(query: str,
         out.print(snippet, soft_wrap=True)
     if resp.notice:
         err.print(one_line(cli_terms(resp.notice), 2000), markup=False, highlight=False)
+
+
+def _search_header(rt: Runtime, resp: Any) -> str:
+    """The line above the hits: which mode answered (with its fusion, e.g. ``weighted 0.3×keyword + 0.7×vector``,
+    or ``keyword`` when a vector search fell back) and which index: the embedded profile's SQLite file, or the
+    OpenSearch alias and the index behind it. Names only settings and the store, never indexed content."""
+    fusions = list(dict.fromkeys(h.why.fusion for h in resp.hits if getattr(h, "why", None) is not None))
+    mode = resp.mode.value + (f" ({fusions[0]})" if len(fusions) == 1 and fusions[0] != resp.mode.value else "")
+    if getattr(rt.chunks, "kind", "") == "sqlite":
+        where = f"embedded index {rt.chunks.path}"
+    else:
+        alias = getattr(rt.chunks, "alias", "?")
+        try:
+            live = rt.chunks.live_index()
+        except Exception:  # noqa: BLE001 - a header never fails a search that answered
+            live = None
+        where = f"OpenSearch alias {alias}" + (f" -> {live}" if live and live != alias else "")
+    n = len(resp.hits)
+    return one_line(f"{mode} search, {where}: {n} hit{'s' if n != 1 else ''}", 600)
+
+
+def score_labels(scores: list[float]) -> list[str]:
+    """Scores as printed after each hit: with 2 decimals, or as many more (up to 6) as tell apart every two
+    different scores of the list (``0.996`` and ``1.000`` both printed ``1.00`` before; README newcomer); equal
+    scores (the same text in two chunks) print the same and are marked ``(tie)``."""
+    exact = [round(x, 6) for x in scores]
+    digits = 2
+    while digits < 6 and len({f"{x:.{digits}f}" for x in exact}) < len(set(exact)):
+        digits += 1
+    return [f"{x:.{digits}f}" + (" (tie)" if exact.count(x) > 1 else "") for x in exact]
 
 
 #: Request fields named in search notices and validation messages (shared with REST and MCP) and the
