@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -785,10 +786,13 @@ def eval_cmd(source_id: Annotated[str, typer.Argument(help="a registered git sou
                                                      "from the sets and record them (each applied only when its "
                                                      "gain's 95% interval excludes 0)")
                              ] = False,
-             as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+             as_json: Annotated[bool, typer.Option("--json")] = False,
+             wide: Annotated[bool, typer.Option("--wide", help="each metric with its 95% interval as low-high "
+                                                              "(wider than 80 columns)")] = False) -> None:
     """Measure retrieval quality of a source on sets mined from its own repository: commit subjects → the
     definitions they changed (at the parent commit) and docstrings → functions (docstrings removed). Reports
-    NDCG@10, MRR@10, Hit@1 and Hit@10 per mode with 95% bootstrap intervals."""
+    NDCG@10, MRR@10, Hit@1 and Hit@10 per mode with 95% bootstrap intervals: in 80 columns each mean ± half
+    its interval's width (``--wide``: the interval's ends; ``--json``: everything)."""
     from scopekb import evaluation, tuning
     from scopekb.evalsets import METRICS
 
@@ -831,13 +835,20 @@ def eval_cmd(source_id: Annotated[str, typer.Argument(help="a registered git sou
     if as_json:
         out.print_json(json.dumps(rep))
         return
+    how = "95% bootstrap intervals" if wide else "mean ± half its 95% interval"
     t = Table("set", "queries", "mode", "NDCG@10", "MRR@10", "Hit@1", "Hit@10",
-              title=Text(f"eval {one_line(src.repo_name or src.repo_url)} @ {head[:12]} (95% bootstrap intervals)"),
-              title_justify="left")
+              title=Text(f"eval {one_line(src.repo_name or src.repo_url)} @ {head[:12]} ({how})"),
+              title_justify="left", **({} if wide else {"box": box.SIMPLE_HEAD, "pad_edge": False,
+                                                        "collapse_padding": True}))
+    if not wide:  # 80 columns: a metric's cell "0.41 ±0.29" is never folded
+        for c in t.columns[3:]:
+            c.no_wrap = True
     for k, d in rep["sets"].items():
         for m, met in d["modes"].items():
-            _add_row(t, k, str(d["queries"]), m, *(f"{met[x]['mean']:.3f} ({met[x]['ci95'][0]:.3f}–"
-                                                  f"{met[x]['ci95'][1]:.3f})" for x in METRICS))
+            cells = (f"{met[x]['mean']:.3f} ({met[x]['ci95'][0]:.3f}–{met[x]['ci95'][1]:.3f})" if wide
+                     else f"{met[x]['mean']:.2f} ±{(met[x]['ci95'][1] - met[x]['ci95'][0]) / 2:.2f}"
+                     for x in METRICS)
+            _add_row(t, k, str(d["queries"]), m, *cells)
     out.print(t)
     if tune:
         out.print(Text(tuning.describe(rep["choice"])))
@@ -883,10 +894,15 @@ def gc() -> None:
 
 
 @app.command()
-def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def status(as_json: Annotated[bool, typer.Option("--json")] = False,
+           wide: Annotated[bool, typer.Option("--wide", help="every column (repository, each ref with its lag, "
+                                                              "documents, ranking): wider than 80 columns")]
+           = False) -> None:
     """The search store's health (OpenSearch: cluster status, nodes, what it cannot serve), then the sources with
     their status, indexed commit, each tracked ref with its indexed commit and lag, documents, chunks and ranking
-    choice (``scopekb eval --tune``; ``--json``: the sources only), as ``GET /v1/sources/{id}`` reports them."""
+    choice (``scopekb eval --tune``; ``--json``: the sources only), as ``GET /v1/sources/{id}`` reports them.
+    The table fits 80 columns (source, scope, status, chunks, first ref and commit); ``--wide`` shows every
+    column, ``--json`` every field."""
     rt = _rt()
     health = rt.chunks.cluster_health()
     rows = []
@@ -906,17 +922,31 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         f"unassigned shard copies: {health['unassigned_shards']}")
     out.print(f"search store: {line}" + (f"; {health['problem']}" if health["problem"] else ""), markup=False,
               highlight=False, soft_wrap=True)
-    t = Table("source", "scope", "repo", "status", "refs: indexed commit, lag", "documents", "chunks", "ranking")
+    if wide:
+        t = Table("source", "scope", "repo", "status", "refs: indexed commit, lag", "documents", "chunks",
+                  "ranking")
+    else:  # 80 columns (README newcomer: eight columns were folded into unreadable slivers)
+        t = Table("source", "scope", "status", "chunks", "ref commit", box=box.SIMPLE_HEAD, pad_edge=False)
     t.columns[0].no_wrap = True  # a source id is copied into other commands: never split it over two lines
     for r in rows:
         refs = "; ".join(f"{x['ref']} {(x['commit'] or '-')[:12]}" + (
             f" behind {x['lag_s']:g} s" if x["behind"] else "") + (" pinned" if x["pinned"] else "")
             for x in r["refs"]) or f"{r['ref']} -"
-        _add_row(t, r["source"], r["scope"], str(r["repo"]), r["status"], refs, str(r["documents"]),
-                 str(r["chunks"]), r["ranking"])
+        if wide:
+            _add_row(t, r["source"], r["scope"], str(r["repo"]), r["status"], refs, str(r["documents"]),
+                     str(r["chunks"]), r["ranking"])
+            continue
+        first = r["refs"][0] if r["refs"] else {"ref": r["ref"], "commit": None, "behind": False}
+        behind = sum(1 for x in r["refs"] if x["behind"])
+        ref = f"{first['ref']} {(first['commit'] or '-')[:12]}" + (
+            f" +{len(r['refs']) - 1} refs" if len(r["refs"]) > 1 else "") + (f", {behind} behind" if behind else "")
+        _add_row(t, r["source"], r["scope"], r["status"], str(r["chunks"]), ref)
     out.print(t)
     if not rows:
         out.print("No sources yet: `scopekb index PATH` indexes a folder or git repository.")
+    elif not wide:
+        out.print("--wide: repo, every ref with its lag, documents, ranking; --json: every field",
+                  style="dim", markup=False, highlight=False)
 
 
 def main() -> None:

@@ -198,7 +198,7 @@ def test_tables_print_record_values_as_text(tmp_path: Path, profile: str, reques
                  "--repo-name", name], env, tmp_path)
     assert added.returncode == 0, added.stderr
     assert run(["key", "create", "--agent", "[/red]", "--label", "[/x] lab"], env, tmp_path).returncode == 0
-    for args, needle in ((["source", "list"], "[/bold]y"), (["status"], "[bold red]hid[/]"),
+    for args, needle in ((["source", "list"], "[/bold]y"), (["status", "--wide"], "[bold red]hid[/]"),
                          (["key", "list"], "[/x] lab")):
         p = run([*args], {**env, "COLUMNS": "400"}, tmp_path)
         assert p.returncode == 0 and "Traceback" not in p.stderr, (args, p.stderr)
