@@ -792,7 +792,8 @@ def eval_cmd(source_id: Annotated[str, typer.Argument(help="a registered git sou
     """Measure retrieval quality of a source on sets mined from its own repository: commit subjects → the
     definitions they changed (at the parent commit) and docstrings → functions (docstrings removed). Reports
     NDCG@10, MRR@10, Hit@1 and Hit@10 per mode with 95% bootstrap intervals: in 80 columns each mean ± half
-    its interval's width (``--wide``: the interval's ends; ``--json``: everything)."""
+    its interval's width (``--wide``: the interval's ends; ``--json``: everything). A set of fewer than
+    :data:`MIN_EVAL_QUERIES` queries gets a one-line warning on stderr."""
     from scopekb import evaluation, tuning
     from scopekb.evalsets import METRICS
 
@@ -832,6 +833,9 @@ def eval_cmd(source_id: Annotated[str, typer.Argument(help="a registered git sou
                 raise CliError(str(e)) from None
             choice["rerank"] = tuning.choose_rerank(sets, rt.settings.query, reranker)
         rep["choice"] = tuning.record_choice(rt.records, src, choice, head)
+    small = small_sample_warning(rep)
+    if small:
+        err.print(small, markup=False, highlight=False, soft_wrap=True)
     if as_json:
         out.print_json(json.dumps(rep))
         return
@@ -852,6 +856,26 @@ def eval_cmd(source_id: Annotated[str, typer.Argument(help="a registered git sou
     out.print(t)
     if tune:
         out.print(Text(tuning.describe(rep["choice"])))
+
+
+#: Queries per set below which ``scopekb eval`` warns: a Hit@1 near 0.5 then has a 95% interval about ±0.1 wide
+#: or more (binomial, 1.96·√(0.25/100) ≈ 0.098), too wide to tell most ranking changes apart.
+MIN_EVAL_QUERIES = 100
+
+
+def small_sample_warning(rep: dict[str, Any]) -> str | None:
+    """One line naming the sets of ``rep`` (:func:`scopekb.evaluation.report`) with fewer than
+    :data:`MIN_EVAL_QUERIES` queries and the mean width of their 95% intervals; None when every set has enough."""
+    small = []
+    for kind, d in rep["sets"].items():
+        if d["queries"] < MIN_EVAL_QUERIES:
+            widths = [m["ci95"][1] - m["ci95"][0] for met in d["modes"].values() for m in met.values()]
+            small.append(f"{kind} {d['queries']} (95% intervals {sum(widths) / max(len(widths), 1):.2f} wide on "
+                         f"average)")
+    if not small:
+        return None
+    return (f"warning: fewer than {MIN_EVAL_QUERIES} queries in a set, the figures are rough: " + "; ".join(small)
+            + f"; --sample {MIN_EVAL_QUERIES} or more narrows them when the repository has that many")
 
 
 @app.command()

@@ -1,6 +1,7 @@
 """``scopekb`` output a newcomer following README.md found rough (review of 2026-12-01), on both profiles:
 
-- ``status`` and ``eval`` fit 80 columns (``--wide`` and ``--json`` for the rest).
+- ``status`` and ``eval`` fit 80 columns (``--wide`` and ``--json`` for the rest); ``eval`` warns in one line when a
+  set has fewer queries than it needs for narrow intervals, with their width.
 - ``search`` says in one line above the hits which mode answered (with its fusion) and which index (the embedded
   SQLite file, or the OpenSearch alias and the index behind it); scores that print alike are given more decimals,
   equal ones are marked ``(tie)``; ``--json`` keeps its fields.
@@ -66,8 +67,11 @@ def test_status_fits_80_columns_and_wide_and_json_keep_the_rest(env: dict[str, s
     assert "ranking" in p.stdout and str(repo) in p.stdout and row["ranking"] in p.stdout, p.stdout
 
 
-def test_eval_fits_80_columns(env: dict[str, str], tmp_path: Path) -> None:
-    """``eval`` at 80 columns prints each metric as mean ± half its 95% interval; ``--json`` is unchanged."""
+def test_eval_fits_80_columns_and_warns_on_a_small_sample(env: dict[str, str], tmp_path: Path) -> None:
+    """``eval`` at 80 columns prints each metric as mean ± half its 95% interval; a set below the stated
+    minimum of queries gets one warning line (stderr) with its interval width; ``--json`` is unchanged."""
+    from scopekb_cli.main import MIN_EVAL_QUERIES
+
     body = "".join(f'def helper_{n}(x):\n    """Return the value plus {n} for the retry counter."""\n'
                    f'    y = x + {n}\n    return y\n\n\n' for n in range(6))
     repo = git_repo(tmp_path / "ev", {"a.py": body}, commits=3)
@@ -80,9 +84,13 @@ def test_eval_fits_80_columns(env: dict[str, str], tmp_path: Path) -> None:
     _fits(p.stdout)
     row = next(ln for ln in p.stdout.splitlines() if ln.lstrip().startswith("docstring"))
     assert row.split()[:3] == ["docstring", "3", "keyword"] and row.count("±") == 4, row
+    warn = [ln for ln in p.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warn) == 1 and f"fewer than {MIN_EVAL_QUERIES} queries" in warn[0], p.stderr
+    assert "docstring 3 (95% intervals " in warn[0] and "wide on average" in warn[0], warn
     p = run(["eval", sid, "--sample", "3", "--set", "docstring", "--json"], env, tmp_path, timeout=600)
     rep = json.loads(p.stdout)
     assert rep["sets"]["docstring"]["queries"] == 3 and "ci95" in rep["sets"]["docstring"]["modes"]["keyword"]["hit1"]
+    assert "warning: fewer than" in p.stderr, p.stderr  # JSON on stdout stays parseable
     p = run(["eval", sid, "--sample", "3", "--set", "docstring", "--wide"], {**env, "COLUMNS": "250"}, tmp_path,
             timeout=600)
     assert p.returncode == 0 and "–" in p.stdout and "±" not in p.stdout, p.stdout
