@@ -33,6 +33,7 @@ from scopekb.models import (
     SourceCreate,
     check_scope_part,
 )
+from scopekb.refs import CommitNotIndexed
 from scopekb.render import (
     also_line,
     field,
@@ -668,6 +669,8 @@ def search(query: str,
                           records=rt.records)
     except SearchUnavailable as e:
         raise CliError(str(e)) from None
+    except CommitNotIndexed as e:  # a tree, blob or tag id says so, as REST and MCP do
+        raise CliError(str(ops.explain_not_indexed(rt, scope, e))) from None
     if as_json:
         out.print_json(resp.model_dump_json())
         return
@@ -892,7 +895,7 @@ def read(path: Annotated[str, typer.Argument(help="a search hit's path")],
     the blob holds them; --json gives them with their repo, ref and commit."""
     from pydantic import ValidationError
 
-    from scopekb.reading import read_lines, result_bytes
+    from scopekb.reading import result_bytes
 
     _check_agent(agent)
     try:
@@ -901,8 +904,7 @@ def read(path: Annotated[str, typer.Argument(help="a search hit's path")],
     except ValidationError as e:
         raise CliError(cli_terms(validation_message(e.errors(include_url=False)))) from None
     rt = _rt()
-    res = read_lines(rt.chunks, rt.blobs, ScopeFilter(agent, None if context is None else (context,)), req,
-                     rt.records, rt.settings.query.revocation_bound_s)
+    res = ops.read(rt, ScopeFilter(agent, None if context is None else (context,)), req)
     if as_json:
         out.print_json(res.model_dump_json())
         return

@@ -43,7 +43,6 @@ from scopekb.models import (
     Source,
     check_scope_part,
 )
-from scopekb.reading import read_lines
 from scopekb.refs import CommitNotIndexed
 from scopekb.render import FENCE_CLOSE, FENCE_OPEN, fence_nonce, field, validation_message
 from scopekb.runtime import Runtime, build_runtime
@@ -394,7 +393,7 @@ def _add_read(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
     def _read(key: ApiKey, req: ReadRequest) -> str:
         # as search: no context named means every context the key may see (never another agent's)
         scope = resolve_scope(key, req.context_id, req.cross_context or req.context_id is None)
-        res = read_lines(rt.chunks, rt.blobs, scope, req, rt.records, rt.settings.query.revocation_bound_s)
+        res = ops.read(rt, scope, req)
         head = (f"{field(res.path)}:{res.start_line}-{res.end_line} of {res.total_lines} lines, blob "
                 f"{field(res.blob_sha[:12])}, {field(res.repo or '?')}@{field(res.ref or '?')} commit "
                 f"{field((res.commit or '?')[:12])}")

@@ -28,9 +28,21 @@ from scopekb.coordination import keys
 from scopekb.errors import NotFound, Refused, Transient
 from scopekb.gitrepo import Mirror, mirror_path
 from scopekb.logging import get_logger
-from scopekb.models import DeadLetter, Job, JobStage, JobState, KeyCreate, Source, SourceCreate, utcnow
+from scopekb.models import (
+    DeadLetter,
+    Job,
+    JobStage,
+    JobState,
+    KeyCreate,
+    ReadRequest,
+    ReadResult,
+    Source,
+    SourceCreate,
+    utcnow,
+)
 from scopekb.queue import TASK_SYNC_SOURCES, embed_task_id
-from scopekb.refs import pin_ref_state, ref_states
+from scopekb.reading import read_lines
+from scopekb.refs import CommitNotIndexed, pin_ref_state, ref_states
 from scopekb.runtime import ControlRuntime, Runtime
 from scopekb.search import forget_pinned
 from scopekb.settings import git_cache_dir
@@ -450,6 +462,56 @@ def reconcile(rt: ControlRuntime) -> dict[str, Any]:
 # ---- pinned commits (issue 23) -------------------------------------------------------------------------------
 
 _FULL_SHA = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+
+
+def read(rt: Runtime, scope: ScopeFilter, req: ReadRequest) -> ReadResult:
+    """Exact lines of an indexed blob within ``scope`` (:func:`scopekb.reading.read_lines` with the runtime's
+    stores): REST ``GET /v1/read``, the MCP ``read`` tool and ``scopekb read``.
+
+    Raises:
+        NotFound: as :func:`~scopekb.reading.read_lines`; a ``ref`` that is a tree, blob or annotated tag id says
+            so (:func:`not_a_commit`).
+        Refused: as :func:`~scopekb.reading.read_lines`.
+    """
+    try:
+        return read_lines(rt.chunks, rt.blobs, scope, req, rt.records, rt.settings.query.revocation_bound_s)
+    except CommitNotIndexed as e:
+        raise explain_not_indexed(rt, scope, e) from None
+
+
+def not_a_commit(rt: ControlRuntime, scope: ScopeFilter, oid: str) -> str | None:
+    """Why ``oid`` (a full object id given as a ref) cannot be one, when a local mirror of a git source of the
+    scope holds it as another type: ``"<oid> is a tree id, not a commit: give a commit id, a branch or a tag as
+    ref"`` (``blob`` alike; an annotated tag object: ``... is an annotated tag id, not a commit: give the tag's
+    name or the commit it tags (<commit id>) as ref``); None for a commit, an id no mirror holds, or no mirror
+    here (a query replica). The one message REST, MCP and the CLI give for it (search and read)."""
+    oid = oid.lower()
+    if not _FULL_SHA.match(oid):
+        return None
+    for src in rt.records.list_sources(agent_name=scope.agent_name):
+        if src.kind != "git" or (scope.context_ids is not None and src.context_id not in scope.context_ids):
+            continue
+        if not mirror_path(git_cache_dir(rt.settings), src.repo_url).exists():
+            continue
+        mirror = Mirror(git_cache_dir(rt.settings), src.repo_url, allow_local=rt.settings.git.allow_local_paths)
+        try:
+            kind = mirror.object_type(oid)
+            tagged = mirror.resolve(oid) if kind == "tag" else None
+        finally:
+            mirror.close()
+        if kind in ("tree", "blob"):
+            return f"{oid} is a {kind} id, not a commit: give a commit id, a branch or a tag as ref"
+        if kind == "tag":
+            return (f"{oid} is an annotated tag id, not a commit: give the tag's name or the commit it tags"
+                    f"{f' ({tagged})' if tagged else ''} as ref")
+    return None
+
+
+def explain_not_indexed(rt: ControlRuntime, scope: ScopeFilter, e: CommitNotIndexed) -> NotFound:
+    """The 404 to raise for a ref that looks like a commit id and is no indexed head (``e``): the object type
+    when a mirror knows it (:func:`not_a_commit`), else ``e`` as it is."""
+    problem = not_a_commit(rt, scope, e.commit)
+    return NotFound(problem) if problem else e
 
 
 def pin_commit(rt: ControlRuntime, scope: ScopeFilter, commit: str, source_id: str | None = None,

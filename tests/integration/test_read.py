@@ -196,6 +196,17 @@ def test_cli_read_writes_the_exact_bytes(tmp_path: Path) -> None:
     inverted = run(["read", "crlf.py", sha, "--start", "2", "--end", "1"], env, tmp_path)
     assert_one_line_error(inverted, "--end must not be before --start")  # the CLI names its options (9ab72fe)
     assert "invalid :" not in inverted.stderr and "Value error" not in inverted.stderr, inverted.stderr
+    # a tree, blob or annotated tag id given as ref: the message REST gives, in one line (hostile review 6)
+    git(repo, "tag", "-a", "-m", "annotated", "v1")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    for obj, said in (("HEAD^{tree}", "is a tree id, not a commit"), ("HEAD:crlf.py", "is a blob id, not a commit"),
+                      ("v1", f"is an annotated tag id, not a commit: give the tag's name or the commit it tags "
+                             f"({head}) as ref")):
+        oid = git(repo, "rev-parse", obj).strip()
+        if obj == "v1":  # the mirror holds the tag once a sync has fetched it
+            assert run(["index", str(repo)], env, tmp_path).returncode == 0
+        assert_one_line_error(run(["read", "crlf.py", sha, "--ref", oid], env, tmp_path), f"{oid} {said}")
+        assert_one_line_error(run(["search", "readmarker_crlf", "--ref", oid], env, tmp_path), f"{oid} {said}")
 
 
 def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -> None:  # noqa: F811
@@ -272,6 +283,32 @@ def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -
         r = c.post("/v1/search", json={"query": "x", "ref": git(repo, "rev-parse", obj).strip()}, headers=mine)
         assert r.status_code == 404, (obj, r.text)
         assert f"is a {kind} id, not a commit" in r.json()["detail"], r.text  # not "a sync fetches it"
+    # read with a tree, blob or annotated tag id as ref says which it is, on REST and MCP alike (hostile review 6)
+    import anyio
+
+    from scopekb.auth import ApiKey
+    from scopekb_query.mcp_server import build_mcp_server
+
+    server = build_mcp_server(api["rt"], lambda _ctx: ApiKey(id="k", agent_name="reader", context_ids=["c"],
+                                                             key_hash=""))
+    lib_blob = git(repo, "rev-parse", "HEAD:lib.py").strip()
+    for obj, said in ((f"{parent}^{{tree}}", "is a tree id, not a commit"),
+                      (f"{parent}:lib.py", "is a blob id, not a commit"),
+                      ("v1-on-head", f"is an annotated tag id, not a commit: give the tag's name or the commit it "
+                                     f"tags ({head}) as ref")):
+        oid = git(repo, "rev-parse", obj).strip()
+        r = c.get("/v1/read", params={"path": "lib.py", "blob_sha": lib_blob, "ref": oid}, headers=mine)
+        assert r.status_code == 404 and r.json()["detail"].startswith(f"{oid} {said}"), r.text
+
+        async def call(ref: str) -> str:
+            res = await server.call_tool("read", {"path": "lib.py", "blob_sha": lib_blob, "ref": ref})
+            return "".join(getattr(b, "text", "") for b in getattr(res, "content", []))
+
+        try:
+            text = anyio.run(call, oid)
+        except Exception as e:  # noqa: BLE001 - the SDK raises a ToolError for a refused call
+            text = str(e)
+        assert said in text and "\n" not in text, text
     api["rt"].settings.git.max_pins_per_source = 1
     limited = c.post("/v1/search", json={"query": "x", "ref": side}, headers=mine)
     assert limited.status_code == 429 and "git.max_pins_per_source=1" in limited.json()["detail"], limited.text

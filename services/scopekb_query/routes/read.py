@@ -7,9 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import ValidationError
 
+from scopekb import ops
 from scopekb.auth import resolve_scope
 from scopekb.models import ReadRequest, ReadResult
-from scopekb.reading import read_lines, result_bytes
+from scopekb.reading import result_bytes
 from scopekb.render import validation_message
 from scopekb_query.deps import CallerDep, Rt
 
@@ -49,8 +50,7 @@ def read(c: CallerDep, rt: Rt,
     except ValidationError as e:
         raise HTTPException(422, validation_message(e.errors(include_url=False))) from None
     scope = resolve_scope(c.key, req.context_id, req.cross_context)  # Refused (401/403/400) -> its status
-    res = read_lines(rt.chunks, rt.blobs, scope, req, rt.records,  # NotFound 404, Refused 422/409
-                     rt.settings.query.revocation_bound_s)
+    res = ops.read(rt, scope, req)  # NotFound 404, Refused 422/409
     if format == "raw":
         return Response(result_bytes(res), media_type="application/octet-stream")
     return res
