@@ -507,7 +507,15 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
     """A registered source by id, or the source for a local path (registered on first use)."""
     from pathlib import Path
 
-    from scopekb.folders import current_branch, is_git_repo, snapshot_folder
+    from scopekb.folders import (
+        context_for,
+        current_branch,
+        display_name,
+        has_branch,
+        has_commits,
+        is_git_repo,
+        snapshot_folder,
+    )
 
     if target.startswith("src_") and not Path(target).exists():
         src = rt.records.get_source(target)
@@ -524,19 +532,25 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
     if is_git_repo(path):
         url, branch = str(path), ref or current_branch(path)
         if branch is None:
-            raise CliError(f"{path} has a detached HEAD; check out a branch or pass --ref")
+            raise CliError(f"{display_name(str(path))} has a detached HEAD; check out a branch or pass --ref")
+        if not has_branch(path, branch):  # one line before anything is registered (hostile review 6)
+            if not has_commits(path):
+                raise CliError(f"{display_name(str(path))} is a git repository with no commits yet: commit "
+                               "something first")
+            raise CliError(f"{display_name(str(path))} has no branch {one_line(branch, 200)!r}; pass --ref with "
+                           "one of its branches")
     else:
         if ref:
             raise CliError("--ref applies to git repositories only")
         gd, _ = snapshot_folder(path, rt.settings.data_dir)
         url, branch = str(gd), "main"
-    ctx = context or path.name or "root"
+    ctx = context or context_for(path.name)  # a name with control characters still makes a valid context id
     for src in rt.records.list_sources(agent_name=agent):
         if src.repo_url == url and src.ref == branch and src.context_id == ctx:
             return src
     # `scopekb index` syncs on demand: the source is not webhook-driven and refuses deliveries (issue 16).
-    body = SourceCreate(agent_name=agent, context_id=ctx, repo_url=url, ref=branch, repo_name=str(path),
-                        webhooks=False)
+    body = SourceCreate(agent_name=agent, context_id=ctx, repo_url=url, ref=branch,
+                        repo_name=display_name(str(path)), webhooks=False)
     return ops.register_source(rt, body)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -30,6 +31,41 @@ def current_branch(repo: Path) -> str | None:
     p = subprocess.run(["git", "-C", str(repo), "symbolic-ref", "--quiet", "--short", "HEAD"],
                        capture_output=True, text=True)
     return p.stdout.strip() or None if p.returncode == 0 else None
+
+
+def has_branch(repo: Path, branch: str) -> bool:
+    """True when ``refs/heads/<branch>`` of the repository at ``repo`` names a commit (False in a repository with
+    no commits yet, whose checked-out branch is unborn)."""
+    p = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}"],
+                       capture_output=True, text=True)
+    return p.returncode == 0
+
+
+def has_commits(repo: Path) -> bool:
+    """True when the repository at ``repo`` holds at least one ref."""
+    p = subprocess.run(["git", "-C", str(repo), "for-each-ref", "--count=1", "--format=x"], capture_output=True,
+                       text=True)
+    return p.returncode == 0 and bool(p.stdout.strip())
+
+
+#: Characters a default context id or repository name made from a path never holds (controls, DEL, and the
+#: Unicode line and paragraph separators): each becomes ``_`` in a context id, an escape in a name.
+_UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
+
+
+def context_for(name: str) -> str:
+    """A context id for a folder called ``name``: control characters as ``_``, ends stripped, at most 200
+    characters; ``root`` when nothing is left. Always valid for :func:`scopekb.models.check_scope_part`."""
+    ctx = _UNSAFE_NAME.sub("_", name).strip()[:200].strip()
+    return ctx or "root"
+
+
+def display_name(path: str) -> str:
+    """``path`` as a source's repository name: each control character as its ``\\xNN`` / ``\\uNNNN`` escape, the
+    last 200 characters when longer (``…`` first). Always a valid ``repo_name``."""
+    safe = _UNSAFE_NAME.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}",
+                            path).strip()
+    return ("…" + safe[-199:]).strip() if len(safe) > 200 else (safe or "root")
 
 
 def snapshot_folder(folder: Path, data_dir: Path, branch: str = "main") -> tuple[Path, str]:

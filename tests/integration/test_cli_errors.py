@@ -215,3 +215,35 @@ def test_refs_and_names_with_control_characters_are_refused(tmp_path: Path) -> N
         assert_one_line_error(p, extra[0].lstrip("-").replace("-", "_"))
     listed = run(["source", "list", "--json"], env, tmp_path)
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stdout
+
+
+def _check_odd_folders(tmp_path: Path, env: dict[str, str]) -> None:
+    """Hostile review 6: an empty git repository is one line and exit 1 (it printed a log line, then the error);
+    a folder whose name holds a newline, tab or escape indexes (it was refused: invalid context_id) under a
+    context with ``_`` for each control character, and its name never shapes output lines."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main", str(empty)], check=True)
+    assert_one_line_error(run(["index", str(empty)], env, tmp_path), "no commits yet")
+    listed = run(["source", "list", "--json"], env, tmp_path)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stdout  # nothing registered
+    for name, ctx in (("nl\ndir", "nl_dir"), ("tab\tdir", "tab_dir"), ("esc\x1b[2Jdir", "esc_[2Jdir")):
+        f = tmp_path / name
+        f.mkdir()
+        (f / "a.md").write_text(f"# a\nodd_{ctx[:3]}_marker\n")
+        p = run(["index", str(f), "--json"], env, tmp_path)
+        assert p.returncode == 0 and json.loads(p.stdout)["state"] == "done", (name, p.stderr)
+        found = run(["search", f"odd_{ctx[:3]}_marker", "--json"], env, tmp_path)
+        hits = json.loads(found.stdout)["hits"]
+        assert [(h["path"], h["context_id"]) for h in hits] == [("a.md", ctx)], found.stdout
+        text = run(["search", f"odd_{ctx[:3]}_marker"], env, tmp_path).stdout
+        assert "\x1b" not in text and "\t" not in text and name not in text, text
+
+
+def test_odd_folders_index_or_fail_in_one_line_embedded(tmp_path: Path) -> None:
+    _check_odd_folders(tmp_path, base_env(tmp_path))
+
+
+def test_odd_folders_index_or_fail_in_one_line_distributed(tmp_path: Path, dist) -> None:
+    env, _ = dist
+    _check_odd_folders(tmp_path, {**env, "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true"})
