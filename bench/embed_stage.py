@@ -5,7 +5,9 @@ the running services (``scripts/services``; a private alias, system prefix, buck
 at the end) with real ``scopekb worker`` processes:
 
 - a sync worker (``--queues <sync queue>``, ``worker.embed_queue`` set) runs the sync stage alone; its process
-  tree's peak RSS (``VmHWM``) is read when the stage ends (target: <= 600 MiB, it never imports torch);
+  tree's summed PSS is sampled every 0.2 s over the stage and each process's peak RSS (``VmHWM``) is read when
+  the stage ends (target: <= 600 MiB), and the model runtimes its processes have loaded are read from their
+  memory maps (expected none: with the embedding queue set it never imports torch or onnxruntime);
 - then N embedding workers (``--queues <embed queue>``, concurrency 1 each, ``embedding.local_threads`` 1 so two
   processes fit two cores; parts of 32 chunks, so a small corpus still spreads over two) are started together
   and the embedding stage is timed from the moment all of them are ready to the job's ``done`` (a fresh
@@ -14,6 +16,9 @@ at the end) with real ``scopekb worker`` processes:
   this process, answering with hashed unit vectors at once) with N = 1 and 2: the stage's own ceiling when the
   model is elsewhere;
 - baseline: one worker embedding inline (no embedding queue, the default), whole-sync seconds and peak RSS;
+- ``sync``: the sync stage alone with the local model configured and the embedding queue set, no embedding worker
+  (the job is left in its embedding stage and deleted): the sync worker's memory in a few seconds
+  (``bench/run --quick``);
 - per case, index bytes ÷ text bytes of the tree once the job is done (the index with vectors, for the local
   model's cases).
 
@@ -70,6 +75,27 @@ def _peak_rss(pid: int) -> dict[str, int]:
                     if line.startswith("VmHWM:"):
                         out[str(p.pid)] = int(line.split()[1]) * 1024
     return out
+
+
+#: Shared libraries whose presence in a process's memory map means a model runtime was imported there.
+MODEL_RUNTIME_LIBS = ("libtorch", "libc10", "onnxruntime")
+
+
+def _model_libs(pid: int) -> list[str]:
+    """File names of the model runtimes' shared libraries (:data:`MODEL_RUNTIME_LIBS`) mapped by a process or a
+    descendant, from ``/proc/<pid>/maps``: an import of torch or onnxruntime leaves them there for good."""
+    import psutil
+
+    found: set[str] = set()
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{p.pid}/maps").read_text().splitlines():
+                    name = line.rsplit("/", 1)[-1] if "/" in line else ""
+                    if name.endswith(".so") or ".so." in name:
+                        if any(k in name for k in MODEL_RUNTIME_LIBS):
+                            found.add(name)
+    return sorted(found)
 
 
 def _spawn(env: dict[str, str], queues: str, log: Path) -> subprocess.Popen:
@@ -148,8 +174,9 @@ def _index_bytes(client: Any, alias: str, bare: Path) -> dict[str, Any]:
 
 
 def run_case(case: str, endpoints: dict[str, str], bare: Path, work: Path, stub_url: str) -> dict[str, Any]:
-    """One case: ``local<N>``, ``stub<N>`` or ``inline``; returns its figures."""
+    """One case: ``local<N>``, ``stub<N>``, ``inline`` or ``sync``; returns its figures."""
     from scopekb_bench.stack import cleanup
+    from scopekb_bench.util import RssSampler
 
     from scopekb import queue
     from scopekb.models import JobStage, Source
@@ -191,15 +218,22 @@ def run_case(case: str, endpoints: dict[str, str], bare: Path, work: Path, stub_
         records.put_source(src)
         job_id = f"{run_id}-job"
         t0 = time.perf_counter()
-        celery_app(s, name="bench-emb").send_task(queue.TASK_SYNC_SOURCES, task_id=job_id,
-                                                  kwargs={"job_id": job_id, "source_ids": [src.id]})
-        job = _wait(records, job_id, lambda j: j.stage == JobStage.embedding or j.finished)
+        with RssSampler([sync.pid]) as pss:
+            celery_app(s, name="bench-emb").send_task(queue.TASK_SYNC_SOURCES, task_id=job_id,
+                                                      kwargs={"job_id": job_id, "source_ids": [src.id]})
+            job = _wait(records, job_id, lambda j: j.stage == JobStage.embedding or j.finished)
         out["sync_stage_s"] = round(time.perf_counter() - t0, 2)
         rss = _peak_rss(sync.pid)
         out["sync_worker_peak_rss_mib"] = round(max(rss.values()) / MIB, 1)
         out["sync_worker_rss_by_pid_mib"] = {k: round(v / MIB, 1) for k, v in rss.items()}
+        out["sync_worker_peak_pss_mib"] = round(pss.peak / MIB, 1)  # the process tree's sum
+        out["sync_worker_model_libs"] = _model_libs(sync.pid)
         out["chunks"] = job.chunks_written
         out["embed_parts"] = job.embed_parts
+        if case == "sync":  # the sync worker's figures only: no embedding worker, the job is deleted below
+            out.update({"state": job.state.value, "stage": str(job.stage), "job_s": out["sync_stage_s"]})
+            print(json.dumps(out), file=sys.stderr, flush=True)
+            return out
         if case != "inline":
             n = int(case[-1])
             embeds = [(_spawn(env, env["SCOPEKB_WORKER__EMBED_QUEUE"], work / f"{run_id}-embed{i}.log"),
@@ -212,6 +246,9 @@ def run_case(case: str, endpoints: dict[str, str], bare: Path, work: Path, stub_
             out["embed_chunks_per_s"] = round(job.embeddings_computed / out["embed_stage_s"], 1)
             out["embed_worker_peak_rss_mib"] = round(max(max(_peak_rss(p.pid).values(), default=0)
                                                          for p, _ in embeds) / MIB, 1)
+            # the sync worker again once the job is done: what it held and loaded over the whole job
+            out["sync_worker_peak_rss_mib_job_end"] = round(max(_peak_rss(sync.pid).values(), default=0) / MIB, 1)
+            out["sync_worker_model_libs_job_end"] = _model_libs(sync.pid)
         out.update(_index_bytes(make_client(s.opensearch), s.opensearch.alias, bare))
         out.update({"state": job.state.value, "stage": str(job.stage), "embeddings_computed": job.embeddings_computed,
                     "embeddings_cached": job.embeddings_cached, "job_s": round(time.perf_counter() - t0, 2)})

@@ -185,6 +185,7 @@ rt = runtime()
 ensure_chunk_index(rt)  # as the sync task does first (the runtime itself no longer touches the index)
 job = run_sync(rt.sync_deps(), sys.argv[1], [sys.argv[2]])
 print(json.dumps({"torch": "torch" in sys.modules, "st": "sentence_transformers" in sys.modules,
+                  "onnxruntime": "onnxruntime" in sys.modules,
                   "stage": job.stage, "parts": job.embed_parts, "model": rt.embedder.model_id,
                   "dimension": rt.embedder.dimension}))
 """
@@ -195,7 +196,8 @@ def test_sync_worker_with_an_embedding_queue_never_imports_torch(
         tmp_path: Path) -> None:
     """The sync stage of a worker whose model is local and whose chunks go to the embedding queue: the index is
     checked and created for the local model's id and dimension, the chunks are written and their parts queued,
-    and neither torch nor sentence-transformers is imported in that process."""
+    and neither torch, sentence-transformers nor onnxruntime (the default local backend's runtime) is imported in
+    that process."""
     run = f"it-stage-{uuid.uuid4().hex[:8]}"
     env = _env(run, opensearch_url, redis_url, s3_config, tmp_path, SCOPEKB_EMBEDDING__PROVIDER="local")
     s = _settings(env)
@@ -210,7 +212,7 @@ def test_sync_worker_with_an_embedding_queue_never_imports_torch(
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         got = json.loads(out.stdout.strip().splitlines()[-1])
-        assert got == {"torch": False, "st": False, "stage": "embedding", "parts": got["parts"],
+        assert got == {"torch": False, "st": False, "onnxruntime": False, "stage": "embedding", "parts": got["parts"],
                        "model": local.model_id, "dimension": local.dimension}
         assert got["parts"] >= 2 and r.llen(s.worker.embed_queue) == got["parts"]
     finally:
