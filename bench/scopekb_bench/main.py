@@ -134,7 +134,7 @@ def _warm_up(st: Stack, workdir: Path, run_id: str, name: str) -> None:
                           check=True).stdout.strip()
     r = st.push(f"bench/warm-{name}", str(repo), ZERO, head, d)
     r.raise_for_status()
-    st.wait_job(d, timeout_s=600)
+    st.wait_job(r.json()["job_id"], timeout_s=600)
 
 
 def _ingest_metrics(res: Results, kind: str, label: str, push: pipeline.PushResult, base: dict[str, Any],

@@ -68,17 +68,18 @@ def measured_push(stack: Stack, client: OpenSearch, bare_repo: Path, repo_name: 
         r = stack.push(repo_name, str(bare_repo), before, after, delivery)
         if r.status_code != 202:
             raise RuntimeError(f"push answered {r.status_code}: {r.text}")
-        job = stack.wait_job(delivery, timeout_s=timeout_s)
+        job_id = r.json()["job_id"]  # the ingester's key for this delivery (ops.delivery_key), not the id sent
+        job = stack.wait_job(job_id, timeout_s=timeout_s)
         t_job = time.perf_counter()
         if job["state"] != "done":
-            raise RuntimeError(f"job {delivery} ended {job['state']}: {job.get('errors', [])[:5]}")
+            raise RuntimeError(f"job {job_id} ended {job['state']}: {job.get('errors', [])[:5]}")
         deadline = time.monotonic() + 60
         while True:
             hits = search_hits(stack, key, probe, context)
             if hits and (probe_in_content is None or any(probe_in_content in h["content"] for h in hits)):
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{probe!r} not searchable 60 s after job {delivery} finished")
+                raise RuntimeError(f"{probe!r} not searchable 60 s after job {job_id} finished")
             time.sleep(0.05)
         t1 = time.perf_counter()
     cpu1, os1 = tree_cpu_seconds(wpid), opensearch_cpu_ms(client)
