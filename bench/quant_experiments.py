@@ -17,7 +17,8 @@ torch fp32 on the same texts:
 
 Usage::
 
-    bench/quant_experiments.py [--configs base,rr,u8,...] [--rounds 3] [--out .services/cache/quant-exp.json]
+    bench/quant_experiments.py [--configs base,rr,u8,...] [--rounds 3] [--max-chunks N]
+        [--out .services/cache/quant-exp.json]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import re
 import statistics
 import sys
 import tarfile
@@ -58,7 +60,17 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "mm_u8": {"op_types_to_quantize": ["MatMul"], "weight_type": "QUInt8"},
     "mm_u8_pc": {"op_types_to_quantize": ["MatMul"], "weight_type": "QUInt8", "per_channel": True},
     "mm_pc_rr_xffn": {"op_types_to_quantize": ["MatMul"], "per_channel": True, "reduce_range": True,
-                      "exclude": "ffn_out"},
+                      "exclude": ["ffn_out"]},
+    # fp32 kept for the feed-forward output projections (their GELU inputs have the widest range)
+    "xffn": {"op_types_to_quantize": ["MatMul"], "exclude": ["ffn_out"]},
+    "pc_xffn": {"op_types_to_quantize": ["MatMul"], "per_channel": True, "exclude": ["ffn_out"]},
+    "u8_xffn": {"op_types_to_quantize": ["MatMul"], "weight_type": "QUInt8", "exclude": ["ffn_out"]},
+    # fp32 kept for every MatMul of the last layer
+    "xlast": {"op_types_to_quantize": ["MatMul"], "exclude": ["last_layer"]},
+    "pc_xlast": {"op_types_to_quantize": ["MatMul"], "per_channel": True, "exclude": ["last_layer"]},
+    "pc_xffn_xlast": {"op_types_to_quantize": ["MatMul"], "per_channel": True,
+                      "exclude": ["ffn_out", "last_layer"]},
+    "u8_pc": {"weight_type": "QUInt8", "per_channel": True},
 }
 
 
@@ -124,6 +136,20 @@ def ffn_out_nodes(model_file: Path) -> list[str]:
             and "attention" not in n.name]
 
 
+def last_layer_nodes(model_file: Path) -> list[str]:
+    """Names of the MatMul nodes of the encoder's last layer (``/encoder/layer.<max>/``)."""
+    import onnx
+
+    m = onnx.load(str(model_file), load_external_data=False)
+    layer = {n.name: int(g.group(1)) for n in m.graph.node if n.op_type == "MatMul"
+             for g in [re.search(r"/encoder/layer\.(\d+)/", n.name)] if g}
+    top = max(layer.values())
+    return [name for name, i in layer.items() if i == top]
+
+
+EXCLUDERS = {"ffn_out": ffn_out_nodes, "last_layer": last_layer_nodes}
+
+
 def quantize(fp32: Path, dest_root: Path, name: str, key_dir: Path) -> Path:
     """Quantize ``fp32`` with config ``name`` into the export layout under ``dest_root`` (for OnnxRunner)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -137,8 +163,9 @@ def quantize(fp32: Path, dest_root: Path, name: str, key_dir: Path) -> Path:
     kw = dict(CONFIGS[name])
     if "weight_type" in kw:
         kw["weight_type"] = getattr(QuantType, kw["weight_type"])
-    if kw.pop("exclude", None) == "ffn_out":
-        kw["nodes_to_exclude"] = ffn_out_nodes(fp32)
+    excl = kw.pop("exclude", [])
+    if excl:
+        kw["nodes_to_exclude"] = sorted({n for e in excl for n in EXCLUDERS[e](fp32)})
     t0 = time.perf_counter()
     quantize_dynamic(str(fp32), str(where / MODEL_FILE), **kw)
     log(f"{name}: quantized in {time.perf_counter() - t0:.1f} s, {(where / MODEL_FILE).stat().st_size:,} bytes")
@@ -153,6 +180,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sets", default=",".join(SETS), help="quality sets to measure (default: both)")
     ap.add_argument("--onnx-quality", action="store_true", help="also measure fp32 ONNX's quality (slow)")
+    ap.add_argument("--max-chunks", type=int, default=0,
+                    help="screening: every k-th chunk of each set, at most this many (0: all); no NDCG then")
     ap.add_argument("--speed-texts", type=int, default=64)
     ap.add_argument("--speed-queries", type=int, default=30)
     ap.add_argument("--out", default=str(REPO / ".services" / "cache" / "quant-exp.json"))
@@ -172,13 +201,20 @@ def main() -> None:
     torch_emb = LocalEmbedder(backend="torch")
     counter = counter_for_model("all-MiniLM-L6-v2", ChunkingSettings())
     sets = {n: build_set(n, counter) for n in args.sets.split(",")}
+    sub = ""
+    if args.max_chunks:
+        sub = f"-sub{args.max_chunks}"
+        for s in sets.values():
+            step = max(1, len(s["chunks"]) // args.max_chunks)
+            s["all_chunks"] = s["chunks"]
+            s["chunks"] = s["chunks"][::step][:args.max_chunks]
     for n, s in sets.items():
         log(f"set {n}: {len(s['chunks'])} chunks, {len(s['queries'])} queries")
 
     def vectors(emb: Any, tag: str) -> dict[str, dict[str, np.ndarray]]:
         out = {}
         for n, s in sets.items():
-            f = work / f"vec-{tag}-{n}.npz"
+            f = work / f"vec-{tag}-{n}{sub}.npz"
             if f.is_file():
                 z = np.load(f)
                 out[n] = {"docs": z["docs"], "queries": z["queries"]}
@@ -209,13 +245,15 @@ def main() -> None:
             row[f"{n}_doc_cos"] = float((v[n]["docs"] * ref[n]["docs"]).sum(axis=1).mean())
             row[f"{n}_doc_cos_min"] = float((v[n]["docs"] * ref[n]["docs"]).sum(axis=1).min())
             row[f"{n}_query_cos"] = float((v[n]["queries"] * ref[n]["queries"]).sum(axis=1).mean())
+            if sub:
+                continue
             row[f"{n}_ndcg10"] = statistics.fmean(ndcg(v[n]["docs"], sets[n]["chunks"], v[n]["queries"],
                                                        sets[n]["queries"]))
         log(f"{tag}: " + ", ".join(f"{k} {x:.4f}" for k, x in row.items()))
 
     # speed: same texts and queries for every config, interleaved by round
     rnd = random.Random(5)
-    pool = sorted({c["text"] for c in sets["corpus"]["chunks"]})
+    pool = sorted({c["text"] for c in sets["corpus"].get("all_chunks", sets["corpus"]["chunks"])})
     rnd.shuffle(pool)
     texts = pool[:args.speed_texts]
     queries = [q.query for q in sets["corpus"]["queries"]]
@@ -243,10 +281,11 @@ def main() -> None:
         results[tag]["query_p50_ms"] = statistics.median(qtimes[tag]) * 1000
         results[tag]["speed_vs_torch"] = enc_s["torch"] / enc_s[tag]
     out = {"configs": {k: CONFIGS.get(k, {}) for k in embs}, "results": results, "load": os.getloadavg(),
+           "max_chunks": args.max_chunks,
            "sets": {n: {"chunks": len(s["chunks"]), "queries": len(s["queries"])} for n, s in sets.items()},
            "speed_texts": len(texts), "speed_queries": len(queries), "rounds": args.rounds}
     Path(args.out).write_text(json.dumps(out, indent=1))
-    cols = [f"{n}_{m}" for n in sets for m in ("doc_cos", "query_cos", "ndcg10")]
+    cols = [f"{n}_{m}" for n in sets for m in ("doc_cos", "query_cos", "ndcg10")[:2 if sub else 3]]
     cols += ["texts_per_s", "speed_vs_torch", "query_p50_ms"]
     print("| config | " + " | ".join(cols) + " |")
     for tag, row in results.items():
