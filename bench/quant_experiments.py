@@ -151,12 +151,15 @@ EXCLUDERS = {"ffn_out": ffn_out_nodes, "last_layer": last_layer_nodes}
 
 
 def quantize(fp32: Path, dest_root: Path, name: str, key_dir: Path) -> Path:
-    """Quantize ``fp32`` with config ``name`` into the export layout under ``dest_root`` (for OnnxRunner)."""
+    """Quantize ``fp32`` with config ``name`` into the export layout under ``dest_root``, in the slot of the fp32
+    ``onnx`` backend: the runner runs any model file with the export's inputs and outputs, and an ``onnx-int8``
+    export is only accepted with the product's own settings (:data:`scopekb.embedding.onnx.INT8_QUANTIZATION`;
+    another one would be rebuilt with those). Load it with ``LocalEmbedder(backend="onnx", auto_export=False)``."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from scopekb.embedding.onnx import FORMAT, MANIFEST, MODEL_FILE, OPSET
 
-    where = dest_root / key_dir.parent.name / "int8"
+    where = dest_root / key_dir.parent.name / "fp32"
     if (where / MANIFEST).is_file():
         return dest_root
     where.mkdir(parents=True, exist_ok=True)
@@ -169,8 +172,9 @@ def quantize(fp32: Path, dest_root: Path, name: str, key_dir: Path) -> Path:
     t0 = time.perf_counter()
     quantize_dynamic(str(fp32), str(where / MODEL_FILE), **kw)
     log(f"{name}: quantized in {time.perf_counter() - t0:.1f} s, {(where / MODEL_FILE).stat().st_size:,} bytes")
-    (where / MANIFEST).write_text(json.dumps({"format": FORMAT, "backend": "onnx-int8", "opset": OPSET,
-                                              "bytes": (where / MODEL_FILE).stat().st_size, "config": name}))
+    (where / MANIFEST).write_text(json.dumps({"format": FORMAT, "backend": "onnx", "opset": OPSET,
+                                              "bytes": (where / MODEL_FILE).stat().st_size, "config": name,
+                                              "quantization": CONFIGS[name]}))
     return dest_root
 
 
@@ -232,7 +236,7 @@ def main() -> None:
                             "onnx": LocalEmbedder(backend="onnx", export_dir=work / "base-export")}
     for name in args.configs.split(","):
         root = quantize(fp32_dir / "model.onnx", work / f"cfg-{name}", name, fp32_dir)
-        embs[name] = LocalEmbedder(backend="onnx-int8", export_dir=root)
+        embs[name] = LocalEmbedder(backend="onnx", export_dir=root, auto_export=False)
 
     results: dict[str, Any] = {}
     for tag, emb in embs.items():
