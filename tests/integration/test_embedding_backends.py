@@ -22,7 +22,16 @@ import pytest
 
 from scopekb.embedding import EmbeddingConfigError, make_embedder
 from scopekb.embedding.local import LocalEmbedder, packaged_model_path
-from scopekb.embedding.onnx import MANIFEST, MODEL_FILE, export_in_child, export_model, export_path
+from scopekb.embedding.onnx import (
+    FORMAT,
+    INT8_QUANTIZATION,
+    MANIFEST,
+    MODEL_FILE,
+    export_in_child,
+    export_model,
+    export_path,
+    int8_id_suffix,
+)
 from scopekb.settings import EmbeddingSettings
 
 pytestmark = pytest.mark.slow  # two exports of the model: about a minute on a busy 2-core machine
@@ -100,10 +109,39 @@ def test_int8_keeps_quality_and_has_its_own_model_id(exports: Path, torch_emb: L
     int8 = LocalEmbedder(backend="onnx-int8", export_dir=exports)
     texts = corpus()
     cos = (torch_emb.encode(texts) * int8.encode(texts)).sum(axis=1)
-    assert cos.mean() > 0.9, cos.mean()
-    assert int8.model_id == torch_emb.model_id + "+int8"
+    assert cos.mean() >= 0.98, cos.mean()  # issue 19's bar for a backend (per-tensor int8 was about 0.94)
+    assert int8.model_id == torch_emb.model_id + int8_id_suffix()
     r = int8.embed(["", "hello world"])
     assert r.vectors[0] is None and len(r.vectors[1] or []) == 384 and r.token_counts == [0, 4]
+
+
+def test_an_int8_export_of_the_old_settings_is_rebuilt(exports: Path, torch_emb: LocalEmbedder,
+                                                       tmp_path: Path) -> None:
+    """An int8 export as the code before per-channel weights made it (per-tensor QInt8, no quantization settings
+    in its manifest) is refused as stale without auto-export, and rebuilt with :data:`INT8_QUANTIZATION` on first
+    use; the rebuilt one is then reused and keeps quality."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model, d = packaged_model_path(), tmp_path / "exports"
+    fp32 = export_path(model, "onnx", exports)
+    shutil.copytree(fp32, export_path(model, "onnx", d))
+    old = export_path(model, "onnx-int8", d)
+    old.mkdir(parents=True)
+    quantize_dynamic(str(fp32 / MODEL_FILE), str(old / MODEL_FILE), weight_type=QuantType.QInt8)
+    old_size = (old / MODEL_FILE).stat().st_size
+    (old / MANIFEST).write_text(json.dumps({"format": FORMAT, "backend": "onnx-int8", "bytes": old_size,
+                                            "opset": 17, "source": str(model), "created_at": 0}))
+    with pytest.raises(EmbeddingConfigError, match=r"stale .*scopekb model export --backend onnx-int8"):
+        LocalEmbedder(backend="onnx-int8", export_dir=d, auto_export=False)
+
+    int8 = LocalEmbedder(backend="onnx-int8", export_dir=d)  # auto_export: rebuilt in a child process
+    man = json.loads((old / MANIFEST).read_text())
+    assert man["quantization"] == INT8_QUANTIZATION and man["created_at"] > 0
+    assert (old / MODEL_FILE).stat().st_size == man["bytes"] != old_size
+    assert export_model(model, "onnx-int8", d) == (old, False)  # current now: reused
+    texts = corpus()[:60]
+    cos = (torch_emb.encode(texts) * int8.encode(texts)).sum(axis=1)
+    assert cos.mean() >= 0.98, cos.mean()
 
 
 def test_export_is_reused_and_a_partial_one_rebuilt(exports: Path) -> None:

