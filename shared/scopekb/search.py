@@ -262,8 +262,8 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     if grouped:
         hits = group_by_file(hits, size, tuple(dict.fromkeys(query_tokens(req.query))))
     if refs is not None:  # the rule of name_ref: overlay refs in refs; the asked ref, else default/first indexed
-        hits = [h.model_copy(update=dict(zip(("refs", "ref", "commit"), name_ref(
-            refs, ref, h.source_id, h._chunk_id, h.refs, h.ref, h.commit), strict=True))) for h in hits]
+        for h in hits:  # set on the hits built above for this answer alone (no copy per hit, issue 20)
+            h.refs, h.ref, h.commit = name_ref(refs, ref, h.source_id, h._chunk_id, h.refs, h.ref, h.commit)
     more = notice == MORE_MATCH
     if more:  # counted after grouping: the files (or chunks) returned, not the chunks verified
         notice = more_match_note(len(hits), len(hits), cfg.max_results_cap)
@@ -339,8 +339,10 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
     ranks = _Ranks(kw={i: n for n, (i, _, _) in enumerate(kw, 1)}, kw_norm=kw_norm,
                    vec={i: n for n, (i, _, _) in enumerate(vh, 1)}, vec_score={i: s for i, s, _ in vh},
                    fusion=how, terms=tuple(dict.fromkeys(query_tokens(req.query))))
-    return [_hit(docs[i], score, i, why=ranks.reason(i, docs[i]))
-            for i, score in ranked if round(score, 6) >= req.min_score][:size], notice
+    # hits (and their reasons) only for the ``size`` returned: a hybrid search ranks up to 2 × depth candidates
+    # (issue 20: shaping all of them cost more than the OpenSearch round trip)
+    kept = [(i, score) for i, score in ranked if round(score, 6) >= req.min_score][:size]
+    return [_hit(docs[i], score, i, why=ranks.reason(i, docs[i])) for i, score in kept], notice
 
 
 def _rerank(query: str, ranked: list[tuple[str, float]], docs: dict[str, dict[str, Any]], cfg: QuerySettings,
