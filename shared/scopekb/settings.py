@@ -430,10 +430,13 @@ class EmbeddingSettings(BaseModel):
     local_batch_size: int = 32
     #: Most padded tokens (texts x the longest one's tokens) per forward pass; texts are sorted by length first.
     local_batch_tokens: int = 8192
-    #: ``onnx`` (default: fp32 ONNX Runtime, the same vectors as torch to float rounding and 1.3-2x faster on
-    #: this machine kind, docs/benchmarks.md #19), ``torch`` (sentence-transformers) or ``onnx-int8`` (int8
-    #: weights; other vectors: own cache entries and index version). The ONNX backends run an export made once
-    #: (on first use, or ``scopekb model export``) and never import torch. Switching to or from int8 is a reindex.
+    #: ``onnx`` (default: fp32 ONNX Runtime, the same vectors as torch to float rounding, 1.3-2x faster than torch
+    #: on this machine kind), ``torch`` (sentence-transformers) or ``onnx-int8`` (per-channel int8 MatMul weights;
+    #: 1.2-1.3x fp32's texts/s in an interleaved A/B here, but its activations are quantized per batch, so a text's
+    #: vector depends on the texts it is embedded with (cosine 0.983-1.0 to its vector alone) and a query's on the
+    #: queries gathered with it: not the default, docs/benchmarks.md #19). int8 vectors have their own cache entries
+    #: and index version: switching to or from int8 is a reindex. The ONNX backends run an export made once (on
+    #: first use, or ``scopekb model export``) and never import torch.
     local_backend: Literal["torch", "onnx", "onnx-int8"] = "onnx"
     #: Intra-op threads of the model; 0: the CPUs this process may run on (``os.sched_getaffinity``).
     local_threads: int = 0

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from scopekb.embedding import EmbeddingConfigError, make_embedder
-from scopekb.embedding.local import LocalEmbedder, packaged_model_path
+from scopekb.embedding.local import DEFAULT_BACKEND, LocalEmbedder, packaged_model_path
 from scopekb.embedding.onnx import (
     FORMAT,
     INT8_QUANTIZATION,
@@ -222,9 +222,21 @@ def test_an_onnx_process_never_imports_torch(exports: Path, backend: str | None,
            "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR": str(exports), "HF_HUB_OFFLINE": "1"}
     if backend is None:
         del env["SCOPEKB_EMBEDDING__LOCAL_BACKEND"]
-    backend = backend or "onnx"
+    backend = backend or DEFAULT_BACKEND
     r = subprocess.run([sys.executable, "-c", code, backend], capture_output=True, text=True, env=env, timeout=300,
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "False"
     assert export_path(packaged_model_path(), backend, exports).joinpath(MANIFEST).is_file()
+
+
+def test_the_default_backend_gives_a_text_its_vector_in_any_batch(exports: Path) -> None:
+    """Why onnx-int8 is not the default (issue 19): ONNX Runtime's dynamic int8 quantizes activations per batch, so a
+    text's int8 vector changes with its batch-mates (measured: cosine 0.983-1.0 to the vector alone). The default
+    backend must give a text the same vector alone and in any batch (cache entries, reindex and concurrent queries
+    rely on it)."""
+    emb = LocalEmbedder(backend=DEFAULT_BACKEND, export_dir=exports)
+    texts = ["def f(): pass", "retry failed uploads with exponential backoff " * 20, "x", "class Parser:\n    ..."]
+    together = np.array(emb.embed(texts).vectors)
+    alone = np.array([emb.embed([t]).vectors[0] for t in texts])
+    assert np.allclose(together, alone, atol=1e-5)

@@ -223,6 +223,22 @@ def test_ensure_index_is_idempotent_and_refuses_another_dimension(backend: Backe
     assert kw_only.dimension is None
 
 
+def test_an_index_of_the_other_local_backend_names_both_fixes(backend: Backend) -> None:
+    """A changed ``embedding.local_backend`` (issue 19): an index of fp32 vectors of the same model opened for int8
+    is refused with a message naming the reindex and the setting that keeps the index; the other way round names
+    onnx-int8; another model names the reindex only."""
+    fp32, int8 = "local:all-MiniLM-L6-v2@gt-0.1.0", "local:all-MiniLM-L6-v2@gt-0.1.0+int8-0123abcd"
+    backend.make("backend-fp32", model=fp32)
+    with pytest.raises(StoreVersionMismatch, match=r"scopekb reindex.*SCOPEKB_EMBEDDING__LOCAL_BACKEND=onnx to keep"):
+        backend.make("backend-fp32", model=int8)
+    backend.make("backend-int8", model=int8)
+    with pytest.raises(StoreVersionMismatch, match=r"LOCAL_BACKEND=onnx-int8 to keep"):
+        backend.make("backend-int8", model=fp32)
+    with pytest.raises(StoreVersionMismatch) as other:
+        backend.make("backend-int8", model="local:other-model@0123456789ab")
+    assert "scopekb reindex" in str(other.value) and "LOCAL_BACKEND" not in str(other.value)
+
+
 def test_stored_fields_round_trip_without_the_vector(corpus: ChunkStore) -> None:
     want = doc_of(0, "src/upload/retry.go")
     hits = corpus.keyword_search("retryUpload", flt(scope(0)), 5)

@@ -22,6 +22,28 @@ class StoreVersionMismatch(RuntimeError):
     """The live index was built for another mapping version or embedding dimension than this process's."""
 
 
+#: What the model id of ``onnx-int8`` vectors carries (:func:`scopekb.embedding.onnx.int8_id_suffix`).
+_INT8_MARK = "+int8"
+
+
+def model_mismatch_fix(have: str | None, want: str | None) -> str:
+    """The fix named when an index holds vectors of model ``have`` and this process embeds with ``want``: always
+    ``scopekb reindex``; when the two are the same local model (ids ``local:…``) and differ only in the int8 backend
+    (a changed ``embedding.local_backend``), also the setting that keeps the index as it is. Example: ``"Run
+    `scopekb reindex` (re-embeds every chunk), or set SCOPEKB_EMBEDDING__LOCAL_BACKEND=onnx to keep this index's
+    vectors."``"""
+    base = "Run `scopekb reindex` (re-embeds every chunk)"
+    if not have or not want:
+        return base + "."
+    have_base, _, have_q = have.partition(_INT8_MARK)
+    want_base, _, want_q = want.partition(_INT8_MARK)
+    if (not have.startswith("local:") or have_base != want_base
+            or (_INT8_MARK in have) == (_INT8_MARK in want)):
+        return base + "."
+    keep = "onnx-int8" if _INT8_MARK in have else "onnx"
+    return f"{base}, or set SCOPEKB_EMBEDDING__LOCAL_BACKEND={keep} to keep this index's vectors."
+
+
 class IndexPlacementError(ScopekbError):
     """The cluster cannot place the chunk index's shard copies (too few data nodes for the replicas asked for,
     or shards it holds are unassigned); the message says which numbers and what to change."""

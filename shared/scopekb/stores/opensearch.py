@@ -33,6 +33,7 @@ from scopekb.stores.base import (
     StoreVersionMismatch,
     SymbolQuery,
     answered_problem,
+    model_mismatch_fix,
     newest_blob_per_path,
 )
 from scopekb.stores.sqlite.text import keyword_terms
@@ -350,7 +351,8 @@ class OpenSearchChunkStore:
                 if self.dimension and meta.get(key) is not None and want is not None and meta[key] != want:
                     raise IndexVersionMismatch(
                         f"index {current!r} behind alias {self.alias!r} holds vectors of {key} {meta[key]!r}; this "
-                        f"process wants {want!r}. Run `scopekb reindex`.")
+                        f"process wants {want!r}. "
+                        + (model_mismatch_fix(meta[key], want) if key == "model" else "Run `scopekb reindex`."))
             self._migrate_refs(current)
             return current
         name = self.version_name

@@ -26,6 +26,7 @@ from scopekb.stores.base import (
     SearchFilter,
     StoreVersionMismatch,
     SymbolQuery,
+    model_mismatch_fix,
     newest_blob_per_path,
 )
 from scopekb.stores.sqlite import topk
@@ -196,7 +197,9 @@ class SqliteChunkStore:
                     raise SqliteVersionMismatch(
                         f"SQLite index {str(self.path)!r} has schema version {meta['schema_version']}, dimension "
                         f"{have_dim} and model {have_model!r}; this process wants version {SCHEMA_VERSION}, "
-                        f"dimension {self.dimension} and model {self.model!r}. Run `scopekb reindex`.")
+                        f"dimension {self.dimension} and model {self.model!r}. "
+                        + (model_mismatch_fix(have_model, self.model) if model_differs and have_dim == self.dimension
+                           and meta["schema_version"] == str(SCHEMA_VERSION) else "Run `scopekb reindex`."))
                 have_enc = meta.get("encoder") or "none"  # files made before the encoder was recorded: float32
                 if self.dimension and have_enc != self.encoder:
                     raise SqliteVersionMismatch(
