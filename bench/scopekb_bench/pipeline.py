@@ -74,7 +74,9 @@ def measured_push(stack: Stack, client: OpenSearch, bare_repo: Path, repo_name: 
         if job["state"] != "done":
             raise RuntimeError(f"job {job_id} ended {job['state']}: {job.get('errors', [])[:5]}")
         deadline = time.monotonic() + 60
+        searches = 0
         while True:
+            searches += 1
             hits = search_hits(stack, key, probe, context)
             if hits and (probe_in_content is None or any(probe_in_content in h["content"] for h in hits)):
                 break
@@ -84,7 +86,8 @@ def measured_push(stack: Stack, client: OpenSearch, bare_repo: Path, repo_name: 
         t1 = time.perf_counter()
     cpu1, os1 = tree_cpu_seconds(wpid), opensearch_cpu_ms(client)
     return PushResult(seconds=t1 - t0, job_seconds=t_job - t0, job=job, worker_cpu_s=cpu1 - cpu0,
-                      opensearch_cpu_s=(os1 - os0) / 1000.0, worker_peak_rss=rss.peak)
+                      opensearch_cpu_s=(os1 - os0) / 1000.0, worker_peak_rss=rss.peak,
+                      extra={"probe_seconds": t1 - t_job, "probe_searches": searches})
 
 
 def export_docs(client: OpenSearch, alias: str, dest: Path, agent: str, context: str, page: int = 2000) -> int:

@@ -385,8 +385,10 @@ def init() -> None:
     except StoreVersionMismatch as e:
         raise CliError(f"{e} (run `scopekb reindex`, or set SCOPEKB_OPENSEARCH__ALIAS to an alias of its own)"
                        ) from None
-    # overlays too: a sync reads it while planning, and creating it there cost the first sync 0.4-0.6 s (issue 20)
-    for kind in ("sources", "jobs", "state", "keys", "overlays"):
+    # overlays too: a sync reads it while planning, and creating it there cost the first sync 0.4-0.6 s (issue 20);
+    # ranking: every search reads its context's ranking choice, and the first search of a deployment created the
+    # index (about 0.35-0.6 s, measured on the bench's probe search); dead letters: a failing task writes one
+    for kind in ("sources", "jobs", "state", "keys", "overlays", "ranking", "deadletters"):
         rt.records.ensure(kind)
     placed = rt.chunks.check_placement()
     where = (f" ({placed['shards']} shard(s), {placed['replicas']} replica(s) on {placed['data_nodes']} data "

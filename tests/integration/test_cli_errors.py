@@ -140,11 +140,12 @@ def test_init_against_a_foreign_alias_is_one_line(tmp_path: Path, dist, opensear
 
 def test_init_creates_the_system_indices_a_sync_reads(tmp_path: Path, dist, opensearch_client) -> None:
     """Issue 20: `scopekb init` also creates the overlays index, which every sync reads while planning (the first
-    sync of a deployment created it inside its read phase)."""
+    sync of a deployment created it inside its read phase), the ranking index every search reads (the first search
+    created it) and the dead-letter index a failing task writes."""
     env, run_id = dist
     p = run(["init"], env, tmp_path)
     assert p.returncode == 0 and "system indices ready" in p.stdout, (p.stdout, p.stderr)
-    for kind in ("sources", "jobs", "state", "keys", "overlays"):
+    for kind in ("sources", "jobs", "state", "keys", "overlays", "ranking", "deadletters"):
         assert opensearch_client.indices.exists(index=f"{run_id}-sys-{kind}"), kind
 
 
