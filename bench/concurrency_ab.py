@@ -36,8 +36,8 @@ def _pythonpath(root: Path) -> str:
     return os.pathsep.join(str(root / d) for d in ("shared", "services", "workers", "cli", ""))
 
 
-def _serve(root: Path, data: Path, log: Path, distributed: dict[str, str] | None = None
-           ) -> tuple[subprocess.Popen[bytes], str]:
+def _serve(root: Path, data: Path, log: Path, distributed: dict[str, str] | None = None,
+           extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     import httpx
     from scopekb_bench.stack import free_port
 
@@ -51,6 +51,7 @@ def _serve(root: Path, data: Path, log: Path, distributed: dict[str, str] | None
     if distributed is not None:
         env |= distributed
         cmd = ["serve", "query", "--port", str(port)]
+    env |= extra_env or {}
     fh = open(log, "wb")  # noqa: SIM115 - the process's log, left open while it runs
     proc = subprocess.Popen([sys.executable, "-m", "scopekb_cli.main", *cmd], env=env,
                             stdout=fh, stderr=subprocess.STDOUT, cwd=root)
@@ -78,8 +79,14 @@ def main() -> int:
     ap.add_argument("--profile", choices=("embedded", "distributed"), default="embedded")
     ap.add_argument("--generator", default="httpx",
                     help="httpx, wrk, or both (httpx,wrk): each level is then measured with each, same servers")
+    ap.add_argument("--base-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable of the base side's server only (repeatable)")
+    ap.add_argument("--new-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable of the new side's server only (repeatable)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    side_env = {"base": dict(x.split("=", 1) for x in args.base_env),
+                "new": dict(x.split("=", 1) for x in args.new_env)}
 
     from scopekb_bench import concurrency, corpus, quality, sets
     from scopekb_bench.profiles import QUICK
@@ -139,7 +146,7 @@ def main() -> int:
         labels = {f"{s}/{g}" if len(gens) > 1 else s: (s, g) for s in sides for g in gens}
         try:
             for name, root in sides.items():
-                procs[name] = _serve(root, data, work / f"{name}.log", distributed)
+                procs[name] = _serve(root, data, work / f"{name}.log", distributed, side_env[name])
             rows: dict[str, dict[str, dict[int, list[dict[str, Any]]]]] = {
                 s: {m: {lv: [] for lv in levels} for m in modes} for s in labels}
             for r in range(args.rounds):
