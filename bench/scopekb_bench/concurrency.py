@@ -213,9 +213,10 @@ def _level_wrk(url: str, key: str, context: str, queries: Sequence[str], mode: s
         ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # wrk, reaped by communicate()
         scpu = _settle(server_pids) - cpu0
     gen_cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
-    return {"in_flight": level, "requests": r["requests"], "rps": r["requests"] / seconds,
+    # wrk may count an answer or two that came in after the n-th (its thread stops at the next event)
+    return {"in_flight": level, "requests": n, "rps": n / seconds,
             "p50": r["p50_us"] / 1e6, "p95": r["p95_us"] / 1e6, "non_200": r["non_200"] + r["errors"],
-            "client_cpu_per_request": gen_cpu / max(r["requests"], 1),
+            "client_cpu_per_request": gen_cpu / max(r["requests"], n),
             "server_cpu_per_request": scpu / max(r["sent"], 1) if server_pids else None, "generator": "wrk"}
 
 
