@@ -1,12 +1,17 @@
-"""A/B of the embedded profile under concurrent searches (issue 20; not a test): two ``scopekb up`` processes on
-one SQLite index of the quick evaluation corpus, one running another checkout's code (``--base``: its ``shared``,
-``services``, ``workers`` and ``cli`` folders first on ``PYTHONPATH``), one this checkout's, measured level by
-level in alternating order (:func:`scopekb_bench.concurrency.table` rows), so both see the same machine load.
+"""A/B under concurrent searches (issue 20; not a test): two servers on one index of the quick evaluation corpus,
+one running another checkout's code (``--base``: its ``shared``, ``services``, ``workers`` and ``cli`` folders
+first on ``PYTHONPATH``), one this checkout's, measured level by level in alternating order
+(:func:`scopekb_bench.concurrency.table` rows), so both see the same machine load.
 
-    .venv/bin/python bench/concurrency_ab.py --base /path/to/old/checkout [--n 96] [--rounds 2]
+    .venv/bin/python bench/concurrency_ab.py --base /path/to/old/checkout [--profile embedded|distributed]
+        [--generator httpx|wrk] [--n 96] [--rounds 2]
 
-Prints, per mode and in-flight level, requests/s and p50/p95 of each side, and the two acceptance ratios of
-issue 20 per side (keyword requests/s 32 ÷ 8, hybrid p95 at 32 ÷ p50 at 1).
+``--profile embedded`` (default): two ``scopekb up`` processes on one SQLite index. ``--profile distributed``: two
+``scopekb serve query`` processes on one OpenSearch index (names private to the run), with the services of the
+environment (``eval "$(scripts/services env)"``). ``--base`` may be this checkout (the same code twice: the
+noise floor). Prints, per mode and in-flight level, requests/s, p50/p95, the server's and the generator's CPU
+per request of each side, and the two acceptance ratios of issue 20 per side (keyword requests/s 32 ÷ 8, hybrid
+p95 at 32 ÷ p50 at 1).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ def _pythonpath(root: Path) -> str:
     return os.pathsep.join(str(root / d) for d in ("shared", "services", "workers", "cli", ""))
 
 
-def _serve(root: Path, data: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _serve(root: Path, data: Path, log: Path, distributed: dict[str, str] | None = None,
+           extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     import httpx
     from scopekb_bench.stack import free_port
 
@@ -41,8 +47,13 @@ def _serve(root: Path, data: Path, log: Path) -> tuple[subprocess.Popen[bytes], 
             "PYTHONPATH": _pythonpath(root)}
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    cmd = ["up", "--port", str(port)]
+    if distributed is not None:
+        env |= distributed
+        cmd = ["serve", "query", "--port", str(port)]
+    env |= extra_env or {}
     fh = open(log, "wb")  # noqa: SIM115 - the process's log, left open while it runs
-    proc = subprocess.Popen([sys.executable, "-m", "scopekb_cli.main", "up", "--port", str(port)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "scopekb_cli.main", *cmd], env=env,
                             stdout=fh, stderr=subprocess.STDOUT, cwd=root)
     deadline = time.monotonic() + 300
     while True:
@@ -65,8 +76,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--modes", default="keyword,hybrid")
     ap.add_argument("--levels", default="1,8,32")
+    ap.add_argument("--profile", choices=("embedded", "distributed"), default="embedded")
+    ap.add_argument("--generator", default="httpx",
+                    help="httpx, wrk, or both (httpx,wrk): each level is then measured with each, same servers")
+    ap.add_argument("--base-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable of the base side's server only (repeatable)")
+    ap.add_argument("--new-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable of the new side's server only (repeatable)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    side_env = {"base": dict(x.split("=", 1) for x in args.base_env),
+                "new": dict(x.split("=", 1) for x in args.new_env)}
 
     from scopekb_bench import concurrency, corpus, quality, sets
     from scopekb_bench.profiles import QUICK
@@ -75,7 +95,7 @@ def main() -> int:
     from scopekb import ops
     from scopekb.indexing import run_sync
     from scopekb.models import KeyCreate, Source
-    from scopekb.runtime import build_embedded_runtime
+    from scopekb.runtime import build_embedded_runtime, build_runtime
     from scopekb.settings import Settings
 
     ev = corpus.eval_repo(list(QUICK.eval_projects))
@@ -87,35 +107,61 @@ def main() -> int:
         bare = ev.clone_bare(work / "eval.git")
         subprocess.run(["git", "-C", str(bare), "update-ref", "refs/heads/main", ev.releases[-1]], check=True)
         data = work / "data"
-        settings = Settings(profile="embedded", data_dir=data,
-                            embedding={"provider": "local", "cache": "sqlite", "cache_path": str(sets.EMBED_CACHE)},
-                            git={"allow_local_paths": True}, log_level="WARNING", log_format="console")
-        rt = build_embedded_runtime(settings)
+        emb = {"provider": "local", "cache": "sqlite", "cache_path": str(sets.EMBED_CACHE)}
+        distributed: dict[str, str] | None = None
+        if args.profile == "distributed":
+            run = f"ab{os.getpid()}"
+            distributed = {k: v for k, v in os.environ.items() if k.startswith(("SCOPEKB_OPENSEARCH__",
+                                                                                "SCOPEKB_REDIS__", "SCOPEKB_S3__"))}
+            if "SCOPEKB_OPENSEARCH__URL" not in distributed:
+                ap.error("--profile distributed needs the services' environment (eval \"$(scripts/services env)\")")
+            distributed |= {"SCOPEKB_OPENSEARCH__ALIAS": f"bench-{run}-chunks",
+                            "SCOPEKB_OPENSEARCH__SYSTEM_PREFIX": f"bench-{run}-sys",
+                            "SCOPEKB_S3__BUCKET": f"bench-{run}", "SCOPEKB_QUERY__ADMIN_TOKEN": f"ab-admin-{run}"}
+            os.environ.update(distributed)  # the settings below read the services from the environment
+            settings = Settings(data_dir=data, embedding=emb, log_level="WARNING", log_format="console",
+                                git={"allow_local_paths": True, "cache_dir": str(work / "git")})
+            rt = build_runtime(settings)
+            rt.blobs.ensure_bucket()
+            for kind in ("sources", "jobs", "state", "keys", "overlays"):
+                rt.records.ensure(kind)
+        else:
+            settings = Settings(profile="embedded", data_dir=data, embedding=emb, git={"allow_local_paths": True},
+                                log_level="WARNING", log_format="console")
+            rt = build_embedded_runtime(settings)
         rt.chunks.ensure_index()
         src = Source(id="src_ab", agent_name="bench", context_id="eval", repo_url=str(bare), ref="main",
                      repo_name="bench/eval")
         rt.records.put_source(src)
         job = run_sync(rt.sync_deps(), "ab", [src.id], trigger="bench")
         _rec, key = ops.create_key(rt, KeyCreate(agent_name="bench", context_ids=["eval"]))
-        rt.chunks.close()
-        print(f"indexed {job.chunks_written} chunks; load {os.getloadavg()[0]:.1f}", flush=True)
+        if args.profile == "embedded":
+            rt.chunks.close()
+        print(f"indexed {job.chunks_written} chunks ({args.profile}); load {os.getloadavg()[0]:.1f}", flush=True)
         sides = {"base": args.base.resolve(), "new": REPO}
         procs = {}
+        gens = args.generator.split(",")
+        level_fns = {"wrk": concurrency._level_wrk,
+                     "httpx": lambda *a, **kw: asyncio.run(concurrency._level(*a, **kw))}
+        labels = {f"{s}/{g}" if len(gens) > 1 else s: (s, g) for s in sides for g in gens}
         try:
             for name, root in sides.items():
-                procs[name] = _serve(root, data, work / f"{name}.log")
+                procs[name] = _serve(root, data, work / f"{name}.log", distributed, side_env[name])
             rows: dict[str, dict[str, dict[int, list[dict[str, Any]]]]] = {
-                s: {m: {lv: [] for lv in levels} for m in modes} for s in sides}
+                s: {m: {lv: [] for lv in levels} for m in modes} for s in labels}
             for r in range(args.rounds):
                 for m in modes:
                     for lv in levels:
-                        order = list(sides) if (r + lv) % 2 == 0 else list(reversed(sides))
+                        order = list(labels) if (r + lv) % 2 == 0 else list(reversed(labels))
                         for s in order:
-                            row = asyncio.run(concurrency._level(procs[s][1], key, "eval", queries, m,
-                                                                 max(args.n, 2 * lv), lv, 10))
+                            side, gen = labels[s]
+                            row = level_fns[gen](procs[side][1], key, "eval", queries, m, max(args.n, 2 * lv), lv,
+                                                 10, server_pids=[procs[side][0].pid])
                             rows[s][m][lv].append(row)
                             print(f"round {r} {m:7} {lv:2} {s:4}: {row['rps']:7.1f} req/s  p50 "
                                   f"{row['p50'] * 1000:7.1f} ms  p95 {row['p95'] * 1000:7.1f} ms  "
+                                  f"server {row['server_cpu_per_request'] * 1000:5.2f} ms CPU/req  "
+                                  f"generator {row['client_cpu_per_request'] * 1000:5.2f}  "
                                   f"non-200 {row['non_200']}  load {os.getloadavg()[0]:.1f}", flush=True)
         finally:
             for p, _ in procs.values():
@@ -124,9 +170,18 @@ def main() -> int:
                     p.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     p.kill()
+            if distributed is not None:
+                from scopekb_bench.stack import cleanup
+
+                print(f"cleaned up {cleanup(distributed, run)}", flush=True)
+        for name in sides:  # urllib3 drops a connection its pool has no room for, and says so (issue 20)
+            text = (work / f"{name}.log").read_text(errors="replace")
+            print(f"{name}: 'Connection pool is full' warnings in its log: {text.count('Connection pool is full')}")
     out: dict[str, Any] = {}
-    for s in sides:
+    for s in labels:
         agg = {m: {lv: {"rps": sum(x["rps"] for x in rs) / len(rs),
+                        "server_cpu_per_request": sum(x["server_cpu_per_request"] for x in rs) / len(rs),
+                        "client_cpu_per_request": sum(x["client_cpu_per_request"] for x in rs) / len(rs),
                         "p50": summary([x["p50"] for x in rs])["p50"],
                         "p95": summary([x["p95"] for x in rs])["p50"]} for lv, rs in d.items()}
                for m, d in rows[s].items()}

@@ -455,7 +455,8 @@ def _model_stack(c: Ctx, st: Stack) -> None:
                 note=f"bare query embedding p50 {summary(embed_times)['p50'] * 1000:.1f} ms")
         res.series["query"] = {"latency_summary": sums, "throughput": tp, "latencies": lat,
                                "embed_query_seconds": summary(embed_times)}
-        t = concurrency.table(st.query_url, key, "eval", queries, ("keyword", "hybrid"), c.profile.query_n)
+        t = concurrency.table(st.query_url, key, "eval", queries, ("keyword", "hybrid"), c.profile.query_n,
+                              server_pids=[st.procs["query"].pid])
         _concurrency_metrics(res, "distributed", "distributed query service", t)
 
     with phase(res, "concurrency embedded"):
@@ -506,16 +507,29 @@ def _concurrency_metrics(res: Results, profile: str, label: str, t: dict[str, li
     """The concurrency acceptance ratios of issue 20 (:func:`scopekb_bench.concurrency.verdicts`) and the table."""
     res.series[f"concurrency_{profile}"] = t
     v = concurrency.verdicts(t)
+    by = {m: {r["in_flight"]: r for r in rows} for m, rows in t.items()}
+
+    def cpu(mode: str, levels: tuple[int, ...]) -> str:
+        """The generator and the server's and generator's CPU per request at ``levels`` (issue 20: a generator
+        whose own CPU grows with the level takes it from the server on the same cores)."""
+        rows = [by[mode][lv] for lv in levels]
+        server = ", ".join(f"{r['server_cpu_per_request'] * 1000:.2f}" if r.get("server_cpu_per_request") is not None
+                           else "–" for r in rows)
+        client = ", ".join(f"{r['client_cpu_per_request'] * 1000:.2f}" for r in rows)
+        return (f"{rows[0].get('generator', 'httpx')} generator; CPU ms per request at {'/'.join(map(str, levels))} "
+                f"in flight: server {server}, generator {client}; {rows[-1]['requests']} requests at "
+                f"{levels[-1]}")
+
     if "keyword_rps_32_over_8" in v:
         a, b = v["keyword_rps_32_over_8"]
         res.add("concurrency", f"concurrency.{profile}.keyword_rps_32_over_8",
                 f"{label}: keyword requests/s with 32 in flight", a, b, "req/s", "keyword requests/s with 8 in flight",
-                target="≥ 0.8")
+                target="≥ 0.8", note=cpu("keyword", (8, 32)))
     if "hybrid_p95_32_over_p50_1" in v:
         a, b = v["hybrid_p95_32_over_p50_1"]
         res.add("concurrency", f"concurrency.{profile}.hybrid_p95_32_over_p50_1",
                 f"{label}: hybrid p95 with 32 in flight", a * 1000, b * 1000, "ms",
-                "hybrid p50 with one request in flight", better="lower", target="≤ 32")
+                "hybrid p50 with one request in flight", better="lower", target="≤ 32", note=cpu("hybrid", (1, 32)))
 
 
 def _sets(c: Ctx) -> None:

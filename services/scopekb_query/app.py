@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from scopekb.http.exposure import fastapi_options, harden, route_limits
+from scopekb.http.server import apply_worker_threads
 from scopekb.http.unicode import install_unicode_safety
 from scopekb.logging import configure_logging, get_logger
 from scopekb.runtime import Runtime, build_runtime
@@ -44,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        apply_worker_threads(settings.http)  # the OpenSearch client keeps a connection for each (issue 20)
         _ensure_index(rt)
         async with contextlib.AsyncExitStack() as stack:
             for ctx in app.state.lifespan_contexts:

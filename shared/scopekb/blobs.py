@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+import certifi
+import urllib3
 from minio import Minio
 from minio.error import MinioException, S3Error
 from urllib3.exceptions import HTTPError as Urllib3Error
@@ -44,18 +46,37 @@ def translate_s3(exc: BaseException) -> ScopekbError:
     return Transient(f"blob store unavailable ({type(exc).__name__})")
 
 
+#: Connections the ``minio`` SDK's own HTTP client keeps per host (``urllib3.PoolManager(maxsize=10)``).
+MINIO_POOL_MAXSIZE = 10
+
+
+def s3_http_client(pool_maxsize: int) -> urllib3.PoolManager:
+    """The HTTP client the ``minio`` SDK builds for itself (7.2: 5 min connect/read timeouts, certificates from
+    ``SSL_CERT_FILE`` or certifi, 5 retries with 0.2 s backoff on 500/502/503/504) but keeping ``pool_maxsize``
+    connections per host instead of 10: with more threads than that calling S3 at once (the query service's worker
+    threads reading blobs) urllib3 closed the connection of each thread past the tenth after its request."""
+    timeout = 5 * 60
+    return urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=timeout, read=timeout), maxsize=pool_maxsize, cert_reqs="CERT_REQUIRED",
+        ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+        retries=urllib3.Retry(total=5, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]))
+
+
 @translating((MinioException, Urllib3Error, OSError), translate_s3)
 class S3BlobStore:
     """Blobs in an S3 bucket through the ``minio`` SDK (any S3-compatible server).
+
+    ``pool_maxsize``: connections kept per host, at least the threads that may call the store at once
+    (:func:`s3_http_client`; :func:`scopekb.runtime.build_runtime` gives the process's worker threads).
 
     Raises :class:`BlobNotFound` for a missing key; other S3 failures as :class:`scopekb.errors.Transient`;
     :class:`scopekb.settings.S3NotConfigured` when the settings carry no credentials.
     """
 
-    def __init__(self, cfg: S3Settings) -> None:
+    def __init__(self, cfg: S3Settings, pool_maxsize: int = MINIO_POOL_MAXSIZE) -> None:
         access_key, secret_key = cfg.credentials()  # raises S3NotConfigured: never built-in credentials
         self.client = Minio(cfg.endpoint, access_key=access_key, secret_key=secret_key, secure=cfg.secure,
-                            region=cfg.region)
+                            region=cfg.region, http_client=s3_http_client(pool_maxsize))
         self.bucket = cfg.bucket
         self._bucket_ok = False
 

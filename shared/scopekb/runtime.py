@@ -348,6 +348,12 @@ def embedding_setup(settings: Settings, lazy: bool = False) -> tuple[Embedder | 
     return emb, counter_for_model(name, settings.chunking)
 
 
+def pool_size(settings: Settings) -> int:
+    """HTTP connections a process's OpenSearch client keeps per node: ``opensearch.pool_maxsize``, or when that is
+    0 the process's worker threads (``http.worker_threads``), each of which may call it at once (issue 20)."""
+    return settings.opensearch.pool_maxsize or settings.http.worker_threads
+
+
 def build_runtime(settings: Settings, with_embedder: bool = True, interactive: bool = False,
                   standalone: bool = False, name: str = "scopekb", lazy_embedder: bool = False) -> Runtime:
     """Clients for OpenSearch (chunks + records), S3, Redis, the Celery producer and the embedder - or, in the
@@ -368,7 +374,7 @@ def build_runtime(settings: Settings, with_embedder: bool = True, interactive: b
     if is_embedded(settings):
         rt = build_embedded_runtime(settings)
         return dataclasses.replace(rt, tasks=InProcessTasks(rt)) if standalone else rt
-    client = make_client(settings.opensearch, interactive=interactive)
+    client = make_client(settings.opensearch, interactive=interactive, pool_maxsize=pool_size(settings))
     os_cfg = settings.opensearch
     if with_embedder:
         embedder, counter = embedding_setup(settings, lazy=lazy_embedder)
@@ -381,7 +387,8 @@ def build_runtime(settings: Settings, with_embedder: bool = True, interactive: b
                                   bulk_max_bytes=os_cfg.bulk_max_bytes, bulk_in_flight=os_cfg.bulk_in_flight,
                                   encoder=os_cfg.knn_encoder, system_prefix=os_cfg.system_prefix)
     return Runtime(settings=settings, records=OpenSearchRecordStore(client, os_cfg.system_prefix), chunks=chunks,
-                   coord=coordination(settings), tasks=CeleryTasks(settings, name), blobs=S3BlobStore(settings.s3),
+                   coord=coordination(settings), tasks=CeleryTasks(settings, name),
+                   blobs=S3BlobStore(settings.s3, settings.http.worker_threads),
                    embedder=embedder, counter=counter, opensearch_client=client)
 
 
@@ -398,7 +405,7 @@ def build_control_runtime(settings: Settings, name: str = "scopekb-ingester", on
     if is_embedded(settings):
         rt = build_embedded_runtime(settings)
         return dataclasses.replace(rt, tasks=InProcessTasks(rt, wait=True)) if one_shot else rt
-    client = make_client(settings.opensearch)
+    client = make_client(settings.opensearch, pool_maxsize=pool_size(settings))
     return ControlRuntime(settings=settings, records=OpenSearchRecordStore(client, settings.opensearch.system_prefix),
                           coord=coordination(settings), tasks=CeleryTasks(settings, name))
 

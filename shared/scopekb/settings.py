@@ -53,6 +53,12 @@ class OpenSearchSettings(BaseModel):
     #: Prefix of the small system indices (sources, jobs, sync state, API keys).
     system_prefix: str = "scopekb-sys"
     timeout_s: float = 30.0
+    #: HTTP connections to each node the client keeps open for reuse; 0: as many as the process's worker threads
+    #: (``http.worker_threads``), so every thread calling OpenSearch at once keeps its connection. Issue 20:
+    #: opensearch-py's default keeps one (urllib3's ``maxsize=1``): with 8 or 32 searches in flight every other
+    #: request opened a new TCP connection and urllib3 closed it afterwards ("Connection pool is full, discarding
+    #: connection"; 590 of about 950 keyword searches in one A/B run).
+    pool_maxsize: int = Field(default=0, ge=0, le=4096)
     #: Bulk request body size target in bytes (DESIGN §4.7: "a few MiB").
     bulk_max_bytes: int = 4 * 1024 * 1024
     #: Bulk requests of one write sent at the same time (issue 20): requests are cut by ``bulk_max_bytes`` (at most
@@ -313,6 +319,10 @@ class HttpSettings(BaseModel):
     backlog: int = 2048
     #: Largest request head (request line and headers), in bytes (uvicorn ``h11_max_incomplete_event_size``).
     max_header_bytes: int = 16 * 1024
+    #: Threads that run the blocking parts of requests (sync routes such as ``/v1/search``, key lookups) in one
+    #: process: the size of anyio's default thread limiter, set when the app starts (anyio's own default is 40).
+    #: The OpenSearch client keeps as many connections per node (``opensearch.pool_maxsize`` 0).
+    worker_threads: int = Field(default=40, ge=1, le=1024)
     #: Serve the interactive API page (``/docs``, assets from this process, never from the internet).
     expose_docs: bool = True
     #: Serve the OpenAPI document (``/openapi.json``).

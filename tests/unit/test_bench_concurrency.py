@@ -118,3 +118,37 @@ def test_a_dropped_connection_is_a_failed_request_not_a_crash() -> None:
         lsock.close()
         t.join(10)
     assert row["requests"] == 40 and 3 <= row["non_200"] <= 5
+
+
+def test_wrk_sends_distinct_bodies_counts_every_answer_and_reads_the_servers_cpu() -> None:
+    """The wrk generator (issue 20; scripts/install-wrk installs it): one connection per in-flight request, the
+    request bodies in turn (each with the bearer key and context), ``n`` answers counted, the server's CPU read
+    from /proc, and its own CPU a small fraction of the httpx generator's."""
+    import os
+
+    assert concurrency.wrk_available(), "wrk is not installed: run scripts/install-wrk"
+    server, t, url, seen = _serve()
+    try:
+        row = concurrency._level_wrk(url, "k", "ctx", ["a", "b", "c"], "keyword", 96, 8, 10,
+                                     server_pids=[os.getpid()])
+    finally:
+        server.should_exit = True
+        t.join(10)
+    assert row["requests"] == 96 and row["non_200"] == 0 and row["in_flight"] == 8 and row["generator"] == "wrk"
+    assert row["rps"] > 0 and 0 < row["p50"] <= row["p95"]
+    assert row["server_cpu_per_request"] is not None and row["server_cpu_per_request"] >= 0
+    assert 0 <= row["client_cpu_per_request"] < 0.001
+    assert len(seen) == 16  # the warm-up's 8 connections (one request or two each), then the measured run's 8
+    assert sum(seen.values()) >= 96 + 8
+    assert sorted(seen.values())[-8:] >= [96 // 8 - 2] * 8  # each measured connection carried its share
+
+
+def test_proc_cpu_seconds_counts_this_process_and_ignores_a_gone_one() -> None:
+    import os
+
+    before = concurrency.proc_cpu_seconds([os.getpid()])
+    t_end = time.process_time() + 0.05
+    while time.process_time() < t_end:
+        pass
+    assert concurrency.proc_cpu_seconds([os.getpid()]) >= before + 0.03
+    assert concurrency.proc_cpu_seconds([2 ** 22 + 12345]) == 0

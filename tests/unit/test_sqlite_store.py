@@ -195,9 +195,12 @@ def test_vector_cache_matches_direct_reads_and_follows_writes(store: SqliteChunk
     vecs = rng.standard_normal((200, DIM))
     store.bulk_write([doc("a" if i % 2 else "b", f"f{i}.py", f"chunk {i}", vec=vecs[i]) for i in range(200)])
     q = rng.standard_normal(DIM)
+    monkeypatch.setattr(S.chunks, "_SMALL_INDEX_MAX", 0)  # not small: filtered reads go to the vectors directly
     direct = store.vector_search(q, everything(), 10)
+    assert store._vec_cache is None
     monkeypatch.setattr(S.chunks, "_DIRECT_READ_MAX", 0)
     cached = store.vector_search(q, everything(), 10)
+    assert store._vec_cache is not None
     assert [h[0] for h in cached] == [h[0] for h in direct]
     assert [h[1] for h in cached] == pytest.approx([h[1] for h in direct])
     # exact: the same order as a brute-force numpy ranking over agent "a"
@@ -211,6 +214,33 @@ def test_vector_cache_matches_direct_reads_and_follows_writes(store: SqliteChunk
     assert store.vector_search(q, everything(), 1)[0][2][F.PATH] == "best.py"
     store.delete_source("s", ["best.py"])
     assert store.vector_search(q, everything(), 1)[0][2][F.PATH] == f"f{want[0]}.py"
+
+
+def test_a_small_index_is_searched_from_the_cache_with_the_same_answers(store: SqliteChunkStore,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20: an index of at most ``_SMALL_INDEX_MAX`` vectors is held in the cache on its first kNN, whatever
+    the filter (each search read and unpacked every vector of the scope from SQLite); the hits and scores are the
+    direct reads' exactly, for the whole scope and a filtered part, and a write still invalidates it."""
+    rng = np.random.default_rng(5)
+    vecs = rng.standard_normal((300, DIM))
+    store.bulk_write([doc("a", f"{'src' if i % 3 else 'doc'}/f{i}.py", f"chunk {i}", vec=vecs[i]) for i in range(300)])
+    queries = [rng.standard_normal(DIM) for _ in range(5)]
+    filters = [everything(), SearchFilter(scope=ScopeFilter("a", None), file_patterns=["doc/*.py"])]
+
+    def answers() -> list[list[tuple[str, float]]]:
+        return [[(h[0], h[1]) for h in store.vector_search(q, f, 10)] for q in queries for f in filters]
+
+    monkeypatch.setattr(S.chunks, "_SMALL_INDEX_MAX", 0)
+    direct = answers()
+    assert store._vec_cache is None
+    monkeypatch.undo()
+    assert S.chunks._SMALL_INDEX_MAX >= 300
+    cached = answers()
+    assert store._vec_cache is not None and store._vec_cache[1].size == 300
+    assert cached == direct  # same ids, same scores, same order (not approximately)
+    store.bulk_write([doc("a", "doc/best.py", "best", vec=queries[0])])
+    assert store.vector_search(queries[0], filters[1], 1)[0][2][F.PATH] == "doc/best.py"
+    assert store._vec_cache[1].size == 301
 
 
 def test_query_vector_errors(store: SqliteChunkStore) -> None:

@@ -56,6 +56,17 @@ class HeaderTimeoutH11Protocol(H11Protocol):
             self.transport.close()
 
 
+def apply_worker_threads(http: HttpSettings | None = None) -> int:
+    """Size anyio's default thread limiter, which runs sync routes and dependencies, to ``http.worker_threads``
+    (default: the settings'); returns the size. Call it on the event loop that serves (an app's lifespan): the
+    limiter is per loop."""
+    import anyio.to_thread
+
+    http = http or get_settings().http
+    anyio.to_thread.current_default_thread_limiter().total_tokens = http.worker_threads
+    return http.worker_threads
+
+
 def uvicorn_options(http: HttpSettings | None = None) -> dict[str, Any]:
     """Keyword arguments for ``uvicorn.run`` / ``uvicorn.Config`` applying ``http`` (default: the settings'):
     the header-timeout protocol, keep-alive timeout, concurrency limit, backlog and request-head size cap."""

@@ -53,8 +53,18 @@ class IndexVersionMismatch(StoreVersionMismatch):
 RETRY_STATUSES = (502, 504)
 
 
-def make_client(cfg: OpenSearchSettings, interactive: bool = False) -> OpenSearch:
+#: Connections kept per node when neither the caller nor ``opensearch.pool_maxsize`` says (``http.worker_threads``'
+#: default: anyio's default thread limiter, 40 threads).
+DEFAULT_POOL_MAXSIZE = 40
+
+
+def make_client(cfg: OpenSearchSettings, interactive: bool = False, pool_maxsize: int | None = None) -> OpenSearch:
     """Build an opensearch-py client from settings (basic auth when a username is set).
+
+    ``pool_maxsize``: HTTP connections kept open per node (default ``cfg.pool_maxsize``, or
+    :data:`DEFAULT_POOL_MAXSIZE` when that is 0); give the number of threads that may call the client at once.
+    opensearch-py keeps one otherwise, so concurrent requests beyond the first each opened a new connection that
+    was closed after its answer (issue 20).
 
     ``interactive`` (the query service): at most 10 s per request and no retry on timeout, so a frozen cluster
     gives callers a quick 503 instead of a hang of ``timeout × retries``.
@@ -72,11 +82,13 @@ def make_client(cfg: OpenSearchSettings, interactive: bool = False) -> OpenSearc
     auth = None
     if cfg.username:
         auth = (cfg.username, cfg.password.get_secret_value() if cfg.password else "")
+    pool = pool_maxsize or cfg.pool_maxsize or DEFAULT_POOL_MAXSIZE
     if interactive:
         return OpenSearch(hosts=cfg.hosts(), http_auth=auth, verify_certs=cfg.verify_certs,
-                          timeout=min(cfg.timeout_s, 10.0), max_retries=1, retry_on_timeout=False)
+                          timeout=min(cfg.timeout_s, 10.0), max_retries=1, retry_on_timeout=False, pool_maxsize=pool)
     return OpenSearch(hosts=cfg.hosts(), http_auth=auth, verify_certs=cfg.verify_certs, timeout=cfg.timeout_s,
-                      max_retries=3, retry_on_timeout=False, http_compress=False, retry_on_status=RETRY_STATUSES)
+                      max_retries=3, retry_on_timeout=False, http_compress=False, retry_on_status=RETRY_STATUSES,
+                      pool_maxsize=pool)
 
 
 #: A bulk request waits at most 20 s on the server for a primary shard or a cluster block (no elected cluster

@@ -1,0 +1,142 @@
+"""Many searches at once through a real HTTP server answer exactly as one at a time (issue 20), on the embedded
+profile (SQLite, one connection per thread) and the distributed one (real OpenSearch): 96 keyword searches, 32 in
+flight, each on its own connection, all 200 with the hits and scores of the same query sent alone.
+
+In the distributed profile the OpenSearch client keeps a connection for each worker thread (``http.worker_threads``):
+before, opensearch-py's pool kept one, and urllib3 closed the connection of every concurrent request past the first
+after its answer, logging "Connection pool is full, discarding connection".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from scopekb.realrepo import git
+from tests.profiles import profile_settings
+
+ADMIN = "concurrent-admin-" + uuid.uuid4().hex
+FILES = 12
+IN_FLIGHT = 32
+REQUESTS = 96
+
+
+class _Discards(logging.Handler):
+    """Counts urllib3's "pool is full" warnings."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "Connection pool is full" in record.getMessage():
+            self.count += 1
+
+
+@pytest.fixture(params=["embedded", "distributed"])
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The query app of one profile behind uvicorn on a free port, with FILES indexed files and an agent key."""
+    from scopekb.indexing import run_sync
+    from scopekb_query.app import create_app
+
+    profile = request.param
+    run = f"conc-{uuid.uuid4().hex[:8]}"
+    services = {name: request.getfixturevalue(name) for name in ("opensearch_url", "redis_url", "s3_config")
+                } if profile == "distributed" else {}
+    s = profile_settings(profile, tmp_path, services, run, ADMIN, http={"worker_threads": 40})
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    for i in range(FILES):
+        (repo / f"mod{i}.py").write_text(
+            f"def concurrent_marker_{i}(value):\n    '''shared words {'alpha ' * (i + 1)}'''\n"
+            f"    return value + {i}\n\n\ndef helper_{i}():\n    return concurrent_marker_{i}({i})\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    app = create_app(s)
+    rt = app.state.runtime
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert t.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    discards = _Discards()
+    logging.getLogger("urllib3.connectionpool").addHandler(discards)
+    try:
+        src = httpx.post(url + "/v1/sources", headers=admin, json={
+            "agent_name": "conc", "context_id": "c", "repo_url": str(repo), "ref": "main"}).json()
+        run_sync(rt.sync_deps(), run, [src["id"]], trigger="cli")
+        rt.chunks.refresh()
+        key = httpx.post(url + "/v1/keys", headers=admin, json={"agent_name": "conc", "context_ids": ["c"]}
+                         ).json()["key"]
+        yield {"url": url, "key": key, "rt": rt, "profile": profile, "discards": discards, "settings": s}
+    finally:
+        logging.getLogger("urllib3.connectionpool").removeHandler(discards)
+        server.should_exit = True
+        t.join(30)
+        if profile == "distributed":
+            rt.opensearch_client.indices.delete(index=f"{run}-*", ignore_unavailable=True)
+
+
+def _answer(r: httpx.Response) -> list[tuple[str, float]]:
+    assert r.status_code == 200, r.text
+    return [(h["path"], h["score"]) for h in r.json()["hits"]]
+
+
+def test_concurrent_searches_answer_as_sequential_ones(served: dict[str, Any]) -> None:
+    queries = [f"concurrent_marker_{i}" for i in range(FILES)] + ["shared words alpha", "helper value"]
+    headers = {"Authorization": f"Bearer {served['key']}"}
+
+    def body(q: str) -> dict[str, Any]:
+        return {"query": q, "context_id": "c", "max_results": 5, "mode": "keyword"}
+
+    with httpx.Client(base_url=served["url"], headers=headers) as c:
+        alone = {q: _answer(c.post("/v1/search", json=body(q))) for q in queries}
+    assert all(alone[f"concurrent_marker_{i}"][0][0] == f"mod{i}.py" for i in range(FILES))
+    assert len(alone["shared words alpha"]) == 5
+    served["discards"].count = 0
+
+    async def main() -> list[tuple[str, httpx.Response]]:
+        clients = [httpx.AsyncClient(base_url=served["url"], headers=headers, timeout=120,
+                                     limits=httpx.Limits(max_connections=1)) for _ in range(IN_FLIGHT)]
+        todo = list(range(REQUESTS))
+        out: list[tuple[str, httpx.Response]] = []
+
+        async def worker(cl: httpx.AsyncClient) -> None:
+            while todo:
+                q = queries[todo.pop() % len(queries)]
+                out.append((q, await cl.post("/v1/search", json=body(q))))
+
+        try:
+            await asyncio.gather(*(worker(cl) for cl in clients))
+        finally:
+            for cl in clients:
+                await cl.aclose()
+        return out
+
+    answers = asyncio.run(main())
+    assert len(answers) == REQUESTS
+    for q, r in answers:
+        assert _answer(r) == alone[q], q
+    if served["profile"] == "distributed":
+        conns = served["rt"].opensearch_client.transport.connection_pool.connections
+        pools = [conn.pool.pool.maxsize for conn in conns]
+        assert pools == [served["settings"].http.worker_threads]
+        assert served["discards"].count == 0  # every worker thread kept its OpenSearch connection
