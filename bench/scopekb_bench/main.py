@@ -479,6 +479,12 @@ def _model_stack(c: Ctx, st: Stack) -> None:
                 w["bare"]["rps"], "req/s", "bare FastAPI endpoint",
                 note=f"{w['requests_each']} requests each; non-202 answers: scopekb {w['scopekb']['non_202']}, "
                      f"bare {w['bare']['non_202']}")
+        res.add("webhook", "webhook.server_cpu", "ingester push webhook: server CPU per request (16 in flight)",
+                w["scopekb"]["server_cpu_per_request"] * 1000, w["bare"]["server_cpu_per_request"] * 1000, "ms",
+                "bare FastAPI endpoint's server process", better="lower",
+                note=f"load generator CPU per request: {w['scopekb']['client_cpu_per_request'] * 1000:.2f} ms "
+                     f"(scopekb), {w['bare']['client_cpu_per_request'] * 1000:.2f} ms (bare); on two cores the p50 "
+                     "ratio follows whichever process is bound by its CPU")
         res.series["webhook"] = w
 
     with phase(res, "model one-file push"):
@@ -764,7 +770,7 @@ EXPECTED = [
     "embedded.index_chunks_per_s", "embedded.keyword_search.p50", "embedded.keyword_search.p95",
     *[f"query.{m}.{p}" for m in ("keyword", "vector", "hybrid") for p in ("p50", "p95", "rps")],
     "query.hybrid_over_keyword.p50",
-    "webhook.p50", "webhook.p99", "webhook.rps",
+    "webhook.p50", "webhook.p99", "webhook.rps", "webhook.server_cpu",
     *[f"concurrency.{p}.{k}" for p in ("distributed", "embedded")
       for k in ("keyword_rps_32_over_8", "hybrid_p95_32_over_p50_1")],
     *[f"quality.{m}.{k}" for m in ("keyword", "vector", "hybrid", "rrf")
@@ -797,7 +803,7 @@ OUTCOMES: list[tuple[str, str, Callable[[Metric], bool]]] = [
 
 #: Metrics added after the committed full run (bench/report/results.json) was made: every new run must produce them,
 #: the committed run predates them (``check(res, since_committed=False)``). Empty again once the report is re-run.
-ADDED_SINCE_COMMITTED_RUN = frozenset({"quality.grouped.ndcg10", "quality.mcp_answer_tokens.p50",
+ADDED_SINCE_COMMITTED_RUN = frozenset({"quality.grouped.ndcg10", "quality.mcp_answer_tokens.p50", "webhook.server_cpu",
                                        "embedstage.sync_worker_peak_rss",
                                        "textsearch.exact.p50", "textsearch.symbol.p50",
                                        *[f"concurrency.{p}.{k}" for p in ("distributed", "embedded")
