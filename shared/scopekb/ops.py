@@ -210,11 +210,18 @@ def enqueue_sync(rt: ControlRuntime, source_ids: Sequence[str], *, trigger: str,
     Raises:
         Transient: the coordination backend or the broker is unavailable.
     """
-    job_id = job_id or f"{trigger}-{uuid.uuid4().hex[:16]}"
+    job, kwargs = _queued_job(source_ids, trigger, job_id or f"{trigger}-{uuid.uuid4().hex[:16]}", ref, to_commit,
+                              task_kwargs)
+    _enqueue(rt, job, kwargs)
+    return job.id
+
+
+def _queued_job(source_ids: Sequence[str], trigger: str, job_id: str, ref: str | None, to_commit: str | None,
+                task_kwargs: dict[str, Any]) -> tuple[Job, dict[str, Any]]:
+    """The queued job a sync shows until a worker records it, and its task's arguments."""
     ids = list(source_ids)
-    _enqueue(rt, Job(id=job_id, source_ids=ids, ref=ref, to_commit=to_commit, trigger=trigger),
-             {"job_id": job_id, "source_ids": ids, "trigger": trigger, **task_kwargs})
-    return job_id
+    return (Job(id=job_id, source_ids=ids, ref=ref, to_commit=to_commit, trigger=trigger),
+            {"job_id": job_id, "source_ids": ids, "trigger": trigger, **task_kwargs})
 
 
 def _enqueue(rt: ControlRuntime, job: Job, task_kwargs: dict[str, Any]) -> None:
@@ -265,20 +272,29 @@ def enqueue_delivery(rt: ControlRuntime, provider: str, key: str, specs: Sequenc
     """Claim a webhook or object-store delivery once by its ``key`` (:func:`delivery_key`), then enqueue its
     syncs. False for a repeat. ``delivery_id`` (the host's, default ``key``) goes to the task for its log lines.
 
-    If enqueueing fails the claim is released, so the sender's retry is not dropped as a duplicate.
+    The claim and the syncs' queued markers are written in one atomic step (one Redis round trip:
+    :meth:`scopekb.coordination.Coordination.claim_delivery`), then each sync task is published; True only once
+    every message is with the broker. If a publish fails the claim is released with the markers of the syncs not
+    published, so the sender's retry is not dropped as a duplicate and no job the sender was told failed shows as
+    queued.
 
     Raises:
-        Transient: the coordination backend or the broker is unavailable (nothing was claimed).
+        Transient: the coordination backend or the broker is unavailable (nothing of the unpublished syncs is
+            remembered).
     """
-    if not rt.coord.claim_delivery(provider, key, rt.settings.ingester.dedupe_ttl_s):
+    queued = [_queued_job(s.source_ids, s.trigger, s.job_id, s.ref, s.to_commit,
+                          {"delivery_id": delivery_id or key, **s.task_kwargs}) for s in specs]
+    if not rt.coord.claim_delivery(provider, key, rt.settings.ingester.dedupe_ttl_s, queued=queued,
+                                   queued_ttl_s=rt.settings.worker.result_expires_s):
         return False
+    sent = 0
     try:
-        for s in specs:
-            enqueue_sync(rt, s.source_ids, trigger=s.trigger, job_id=s.job_id, ref=s.ref, to_commit=s.to_commit,
-                         delivery_id=delivery_id or key, **s.task_kwargs)
+        for job, kwargs in queued:
+            rt.tasks.send(TASK_SYNC_SOURCES, job.id, kwargs)
+            sent += 1
     except Exception as e:
         with contextlib.suppress(Exception):  # the backend itself may be the failure; the error below says so
-            rt.coord.release_delivery(provider, key)
+            rt.coord.release_delivery(provider, key, queued=[job.id for job, _ in queued[sent:]])
         raise Transient(f"queue unavailable ({type(e).__name__})") from e
     return True
 

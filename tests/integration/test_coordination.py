@@ -42,6 +42,28 @@ def test_a_delivery_is_claimed_once_until_released(coord: Coordination) -> None:
     coord.release_delivery("github", d)
 
 
+def test_a_claim_writes_its_queued_markers_in_the_same_step_and_a_repeat_writes_nothing(coord: Coordination
+                                                                                        ) -> None:
+    d = uuid.uuid4().hex
+    jobs = [Job(id=f"{d}:{n}", source_ids=[f"s{n}"], ref="main", trigger="webhook") for n in range(2)]
+    queued = [(j, {"job_id": j.id, "source_ids": j.source_ids, "after": "a" * 40}) for j in jobs]
+    assert coord.claim_delivery("github", d, 60, queued=queued, queued_ttl_s=60)
+    found = {j.id: (j, kw) for j, kw in coord.queued_markers()}
+    for job, kwargs in queued:
+        assert found[job.id][0].model_dump() == job.model_dump() and found[job.id][1] == kwargs
+    other = [(Job(id=jobs[0].id, source_ids=["elsewhere"]), {"job_id": jobs[0].id}),
+             (Job(id=f"{d}:new", source_ids=["s9"]), {})]
+    assert not coord.claim_delivery("github", d, 60, queued=other, queued_ttl_s=60)  # a repeat writes nothing
+    assert coord.queued_job(jobs[0].id).model_dump() == jobs[0].model_dump()
+    assert coord.queued_job(f"{d}:new") is None
+    coord.release_delivery("github", d, queued=[jobs[1].id])  # forgets the claim and the markers named
+    assert coord.queued_job(jobs[1].id) is None and coord.queued_job(jobs[0].id) is not None
+    assert coord.claim_delivery("github", d, 60, queued=queued[1:], queued_ttl_s=60)
+    assert coord.queued_job(jobs[1].id) is not None
+    coord.release_delivery("github", d, queued=[j.id for j in jobs])
+    assert [coord.queued_job(j.id) for j in jobs] == [None, None]
+
+
 def test_queued_marker_round_trips_a_job(coord: Coordination) -> None:
     job = Job(id="j-" + uuid.uuid4().hex[:8], source_ids=["s1"], ref="main", trigger="s3-event")
     assert coord.queued_job(job.id) is None

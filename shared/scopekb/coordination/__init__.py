@@ -42,6 +42,11 @@ log = get_logger("scopekb.coordination")
 QUEUED_TASK_FIELD = "task_kwargs"
 
 
+def _marker(job: Job, task_kwargs: dict[str, Any] | None) -> str:
+    """The JSON of a queued marker: the job (state queued) plus its task's arguments."""
+    return json.dumps({**job.model_dump(mode="json"), QUEUED_TASK_FIELD: task_kwargs or {}})
+
+
 class LockHeld(Transient):
     """The repository lock stayed held by another sync for the whole wait (transient: retry later)."""
 
@@ -89,6 +94,12 @@ class Coordination(ABC):
         """Delete ``forget``, add one to ``key`` (setting its TTL when given) in one round trip; the new value."""
 
     @abstractmethod
+    def _set_nx_with(self, key: str, value: str, ttl_s: float, others: Sequence[tuple[str, str]],
+                     others_ttl_s: float) -> bool:
+        """Set ``key`` only when absent (kept ``ttl_s``) and, when it was set, every ``(key, value)`` of ``others``
+        (kept ``others_ttl_s``, overwriting), as one atomic step (one round trip); True when ``key`` was set."""
+
+    @abstractmethod
     def _extend_if(self, key: str, token: str, ttl_s: float) -> bool: ...
 
     @abstractmethod
@@ -96,21 +107,30 @@ class Coordination(ABC):
 
     # ---- delivery claim --------------------------------------------------------------------------------------
 
-    def claim_delivery(self, provider: str, delivery_id: str, ttl_s: int) -> bool:
-        """Atomically claim a webhook delivery id. True the first time within ``ttl_s``, False for a repeat."""
-        return self._set(keys.delivery(provider, delivery_id), "1", ttl_s=ttl_s, nx=True)
+    def claim_delivery(self, provider: str, delivery_id: str, ttl_s: int,
+                       queued: Sequence[tuple[Job, dict[str, Any]]] = (), queued_ttl_s: int = 0) -> bool:
+        """Atomically claim a webhook delivery id. True the first time within ``ttl_s``, False for a repeat.
 
-    def release_delivery(self, provider: str, delivery_id: str) -> None:
-        """Forget a claimed delivery (enqueueing failed, so the host's retry must not be dropped)."""
-        self._delete(keys.delivery(provider, delivery_id))
+        With ``queued`` (``(job, task kwargs)`` pairs), the claim also writes those jobs' queued markers
+        (:meth:`mark_queued`, kept ``queued_ttl_s``) in the same atomic step - one round trip on Redis instead of
+        one per key (issue 20); a repeat writes nothing."""
+        key = keys.delivery(provider, delivery_id)
+        if not queued:
+            return self._set(key, "1", ttl_s=ttl_s, nx=True)
+        return self._set_nx_with(key, "1", ttl_s, [(keys.job_queued(job.id), _marker(job, kw)) for job, kw in queued],
+                                 queued_ttl_s)
+
+    def release_delivery(self, provider: str, delivery_id: str, queued: Sequence[str] = ()) -> None:
+        """Forget a claimed delivery and the queued markers of the job ids ``queued`` (enqueueing failed, so the
+        host's retry must not be dropped, and no job it was told failed shows as queued)."""
+        self._delete(keys.delivery(provider, delivery_id), *(keys.job_queued(j) for j in queued))
 
     # ---- queued marker ---------------------------------------------------------------------------------------
 
     def mark_queued(self, job: Job, ttl_s: int, task_kwargs: dict[str, Any] | None = None) -> None:
         """Record ``job`` (state queued) until a worker writes its record or ``ttl_s`` passes, with the arguments
         of its task (``task_kwargs``), so a job whose message the broker lost can be enqueued again."""
-        self._set(keys.job_queued(job.id), json.dumps({**job.model_dump(mode="json"),
-                                                       QUEUED_TASK_FIELD: task_kwargs or {}}), ttl_s=ttl_s)
+        self._set(keys.job_queued(job.id), _marker(job, task_kwargs), ttl_s=ttl_s)
 
     def queued_job(self, job_id: str) -> Job | None:
         """The queued marker of ``job_id``, or None."""

@@ -76,6 +76,15 @@ class MemoryCoordination(Coordination):
             self._data[key] = (str(n).encode(), expiry)
             return n
 
+    def _set_nx_with(self, key: str, value: str, ttl_s: float, others: Sequence[tuple[str, str]],
+                     others_ttl_s: float) -> bool:
+        with self._mu:
+            if not self._set(key, value, ttl_s=ttl_s, nx=True):
+                return False
+            for k, v in others:
+                self._set(k, v, ttl_s=others_ttl_s)
+            return True
+
     def _extend_if(self, key: str, token: str, ttl_s: float) -> bool:
         with self._mu:
             if self._alive(key) != token.encode():

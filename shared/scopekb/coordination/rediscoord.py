@@ -19,6 +19,9 @@ T = TypeVar("T")
 _EXTEND_IF_EQUAL = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
                     "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0")
 _DELETE_IF_EQUAL = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+#: SET KEYS[1] ARGV[1] NX PX ARGV[2]; when set, SET KEYS[i] ARGV[i+2] PX ARGV[3] for the other keys.
+_SET_NX_WITH = ("if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end "
+                "for i = 2, #KEYS do redis.call('set', KEYS[i], ARGV[i + 2], 'PX', ARGV[3]) end return 1")
 
 
 class RedisCoordination(Coordination):
@@ -32,6 +35,7 @@ class RedisCoordination(Coordination):
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
+        self._set_nx_with_script = client.register_script(_SET_NX_WITH)  # EVALSHA, EVAL once when not cached
 
     @classmethod
     def from_url(cls, url: str) -> RedisCoordination:
@@ -93,6 +97,12 @@ class RedisCoordination(Coordination):
             return pipe.execute()
         res = self._call(run)
         return int(res[1 if forget else 0])
+
+    def _set_nx_with(self, key: str, value: str, ttl_s: float, others: Sequence[tuple[str, str]],
+                     others_ttl_s: float) -> bool:
+        names = [key, *(k for k, _ in others)]
+        argv = [value, max(1, int(ttl_s * 1000)), max(1, int(others_ttl_s * 1000)), *(v for _, v in others)]
+        return bool(self._call(lambda: self._set_nx_with_script(keys=names, args=argv)))
 
     def _extend_if(self, key: str, token: str, ttl_s: float) -> bool:
         return bool(self._call(lambda: self.client.eval(_EXTEND_IF_EQUAL, 1, key, token, int(ttl_s * 1000))))
