@@ -157,8 +157,11 @@ def decode_body(body: bytes, content_type: str | None) -> dict[str, Any]:
 parse_github_body = decode_body
 
 
+_SHA = re.compile("[0-9a-f]{40}")
+
+
 def _sha(v: Any, name: str) -> str:
-    if not isinstance(v, str) or len(v) != 40 or any(c not in "0123456789abcdef" for c in v):
+    if not isinstance(v, str) or not _SHA.fullmatch(v):
         raise BadRequest(f"push payload needs '{name}' as a 40-hex commit id")
     return v
 

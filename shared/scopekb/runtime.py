@@ -30,7 +30,7 @@ from scopekb.embedding import Embedder, EmbeddingCache, make_embedder, make_embe
 from scopekb.errors import Refused, Transient
 from scopekb.indexing import SyncDeps, embed_part
 from scopekb.logging import get_logger
-from scopekb.queue import make_celery
+from scopekb.queue import make_celery, plain_kwargs_repr
 from scopekb.settings import Settings, is_embedded
 from scopekb.stores.base import ChunkStore, RecordStore
 from scopekb.stores.opensearch import OpenSearchChunkStore, make_client
@@ -67,8 +67,13 @@ class CeleryTasks:
 
         Sent with ``ignore_result``: a job's outcome is its record (``GET /v1/jobs/{id}``), never the task's
         result, and asking for a result made the Redis result backend subscribe to the task's result channel on
-        every send (a client and a round trip per webhook; issue 20)."""
-        self.app.send_task(task, task_id=task_id, kwargs=kwargs, ignore_result=True)
+        every send (a client and a round trip per webhook; issue 20). The message's ``argsrepr``/``kwargsrepr``
+        headers are given when :func:`scopekb.queue.plain_kwargs_repr` can write them (the same text Celery's
+        ``saferepr`` would, without its walk in Python)."""
+        app = self.app
+        kwargsrepr = plain_kwargs_repr(kwargs, app.amqp.kwargsrepr_maxsize)
+        reprs = {"argsrepr": "()", "kwargsrepr": kwargsrepr} if kwargsrepr is not None else {}
+        app.send_task(task, task_id=task_id, kwargs=kwargs, ignore_result=True, **reprs)
 
     def held(self, task_ids: Iterable[str]) -> set[str] | None:
         """Which of ``task_ids`` the broker holds a message for: waiting in a queue of this app, or delivered to a

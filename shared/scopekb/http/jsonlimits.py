@@ -84,6 +84,9 @@ def check_depth(data: bytes | str, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
     Raises:
         JsonTooDeep: with the limit in the message.
     """
+    if data.count("[" if isinstance(data, str) else b"[") + data.count("{" if isinstance(data, str) else b"{") \
+            <= max_depth:
+        return  # no more opening brackets than levels allowed (strings included): cannot nest deeper (issue 20)
     DepthScanner(max_depth).feed(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data)
 
 
