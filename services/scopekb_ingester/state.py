@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -45,8 +46,17 @@ class SourceCache:
 
     def get(self, force: bool = False) -> list[Source]:
         """The cached sources, reloaded as described above. Record-store errors propagate."""
+        return self.load(force)[0]
+
+    def load(self, force: bool = False, check: bool = True) -> tuple[list[Source], int | None]:
+        """The cached sources and the sources version they were loaded at (None: it could not be read).
+
+        ``check=False`` skips the version read (reloading only when older than ``ttl_s`` or never loaded): the
+        caller must confirm the returned version where it acts on the list, as the webhook route does inside its
+        delivery claim (:meth:`scopekb.coordination.Coordination.claim_delivery` with ``sources_version``), so an
+        accepted push costs no separate version read (issue 20). Record-store errors propagate."""
         v: int | None = self._loaded_version
-        if force or time.monotonic() - self._version_read_at >= self._check_s:
+        if check and (force or time.monotonic() - self._version_read_at >= self._check_s):
             try:
                 v = self._version()
                 self._version_read_at = time.monotonic()
@@ -55,10 +65,20 @@ class SourceCache:
         with self._lock:
             age = time.monotonic() - self._loaded_at
             if age > self._ttl or v != self._loaded_version or (force and age > 1.0):
+                if not check:  # a (re)load reads the version it loads at
+                    with contextlib.suppress(Exception):
+                        v = self._version()
                 self._sources = list(self._loader())
                 self._loaded_at = time.monotonic()
                 self._loaded_version = v
-        return self._sources
+            return self._sources, self._loaded_version
+
+    def current_version(self) -> int | None:
+        """The sources version now (one read), None when it cannot be read."""
+        try:
+            return self._version()
+        except Exception:  # noqa: BLE001 - as in load(): the caller falls back to its copy
+            return None
 
 
 @dataclass

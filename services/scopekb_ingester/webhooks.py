@@ -23,6 +23,7 @@ from prometheus_client import Counter
 from starlette.concurrency import run_in_threadpool
 
 from scopekb import ops
+from scopekb.coordination import SourcesChanged
 from scopekb.http.jsonlimits import loads_bounded
 from scopekb.logging import bind_context, clear_context, get_logger
 from scopekb.models import Source, ref_name_problem
@@ -49,14 +50,20 @@ def _err(status: int, detail: str, provider: str, outcome: str) -> JSONResponse:
 
 
 def _enqueue(ing: Ingester, provider: str, key: str, specs: list[ops.SyncSpec],
-             delivery: str | None = None) -> JSONResponse | None:
+             delivery: str | None = None, sources_version: int | None = None) -> JSONResponse | None:
     """Claim ``key`` (:func:`scopekb.ops.delivery_key`) and enqueue; None when queued, else the answer (duplicate
-    200 naming this delivery's own job, unavailable 503)."""
+    200 naming this delivery's own job, unavailable 503).
+
+    Raises:
+        SourcesChanged: ``sources_version`` is no longer current (nothing was written or sent)."""
     try:
-        if not ops.enqueue_delivery(ing.rt, provider, key, specs, delivery_id=delivery):
+        if not ops.enqueue_delivery(ing.rt, provider, key, specs, delivery_id=delivery,
+                                    sources_version=sources_version):
             WEBHOOKS.labels(provider, "duplicate").inc()
             log.info("webhook_duplicate")
             return JSONResponse({"status": "duplicate", "job_id": specs[0].job_id}, status_code=200)
+    except SourcesChanged:
+        raise
     except Exception as e:  # broker or coordination down: let the sender retry, nothing remembered
         log.error("webhook_enqueue_failed", error=str(e))
         return _err(503, "queue unavailable, retry later", provider, "enqueue_failed")
@@ -70,6 +77,51 @@ def _sources(ing: Ingester, provider: str, force: bool = False) -> list[Source] 
     except Exception as e:  # the source registry is unreachable: the sender retries later
         log.error("webhook_sources_unavailable", error=str(e))
         return _err(503, "source registry unavailable, retry later", provider, "unavailable")
+
+
+class _Lookup:
+    """The registered sources one push delivery is judged against, and the sources version they belong to.
+
+    ``verified`` False (the first judgement of a delivery): the first lookup takes the cached list without reading
+    the sources version; the version is confirmed where the delivery is acted on - inside the delivery claim for a
+    queued push (one Redis round trip less per accepted push; issue 20), by one read (:meth:`confirm`) before
+    every other answer - and the delivery is judged again, verified, when it moved. ``verified`` True: every
+    lookup reads the version first, as :class:`scopekb_ingester.state.SourceCache` does by default. A forced
+    lookup (a miss, a signature no cached secret verifies) always reads it. So a source registered before a push
+    is matched by that push, as before.
+    """
+
+    def __init__(self, ing: Ingester, provider: str, verified: bool) -> None:
+        self.ing = ing
+        self.provider = provider
+        self.verified = verified
+        self.version: int | None = None
+
+    def get(self, force: bool = False) -> list[Source] | JSONResponse:
+        """The sources (forced: reloaded at most once a second), or the 503 answer when the registry is down."""
+        try:
+            found, self.version = self.ing.sources.load(force=force, check=force or self.verified)
+        except Exception as e:  # the source registry is unreachable: the sender retries later
+            log.error("webhook_sources_unavailable", error=str(e))
+            return _err(503, "source registry unavailable, retry later", self.provider, "unavailable")
+        self.verified = self.verified or force
+        return found
+
+    def claim_version(self) -> int | None:
+        """The version the delivery claim must still find (None: the list was read after a version read)."""
+        return None if self.verified else self.version
+
+    def confirm(self) -> None:
+        """Before an answer the delivery claim does not check: confirm the list judged against is the current one
+        (one version read unless verified already).
+
+        Raises:
+            SourcesChanged: the version moved since the list was loaded."""
+        if self.verified or self.version is None:
+            return
+        now = self.ing.sources.current_version()
+        if now is not None and now != self.version:
+            raise SourcesChanged(f"sources version {now}, judged against {self.version}")
 
 
 @router.post("/s3", status_code=202)
@@ -152,21 +204,48 @@ def _process(ing: Ingester, provider: str, prov: Provider, raw: bytes, headers: 
         parsed = prov.parse(event, decode_body(raw, headers.get("content-type")))
     except BadRequest as e:
         return _err(400, str(e), provider, "bad_request")
-    eligible = _eligible(ing, provider, prov, parsed, raw, headers)
+    answer = _judge(ing, provider, prov, parsed, raw, headers, delivery, _Lookup(ing, provider, verified=False))
+    if answer is None:  # the registered sources changed under the cached list: judge again, reading the version
+        answer = _judge(ing, provider, prov, parsed, raw, headers, delivery, _Lookup(ing, provider, verified=True))
+    assert answer is not None  # a verified lookup never asks for another judgement
+    return answer
+
+
+def _judge(ing: Ingester, provider: str, prov: Provider, parsed: Parsed, raw: bytes, headers: dict[str, str],
+           delivery: str, lookup: _Lookup) -> JSONResponse | None:
+    """The answer to a parsed delivery against ``lookup``'s sources: find and verify, dedupe, enqueue; None when
+    the sources version moved under an unverified lookup (before anything was written, counted or logged)."""
+    try:
+        return _decide(ing, provider, prov, parsed, raw, headers, delivery, lookup)
+    except SourcesChanged:
+        return None
+
+
+def _decide(ing: Ingester, provider: str, prov: Provider, parsed: Parsed, raw: bytes, headers: dict[str, str],
+            delivery: str, lookup: _Lookup) -> JSONResponse:
+    """See :func:`_judge`. Every answer after the lookup is either the delivery claim's (which checks the lookup's
+    version itself) or comes after :meth:`_Lookup.confirm`.
+
+    Raises:
+        SourcesChanged: the sources version moved under an unverified lookup (nothing was written)."""
+    eligible = _eligible(provider, prov, parsed, raw, headers, lookup)
     if isinstance(eligible, JSONResponse):
         return eligible
     if parsed.kind == "ping":
+        lookup.confirm()
         return _pong(provider, parsed, eligible)
     for push in parsed.pushes:  # git check-ref-format rules, as for a registered ref (hostile review 2, H4)
         problem = ref_name_problem(short_name(push.ref), glob=False) if push.ref.startswith((HEADS, TAGS)) else None
         if problem is None and len(push.ref) > 300:
             problem = "more than 300 characters"
         if problem:
+            lookup.confirm()
             return _err(400, f"pushed ref {field(push.ref, 100)} is not a valid ref name: {problem}", provider,
                         "bad_request")
     work = [(push, [s for s in eligible if source_tracks(s, push.ref)]) for push in parsed.pushes]
     work = [(push, targets) for push, targets in work if targets]
     if parsed.kind == "ignored" or not work:
+        lookup.confirm()
         reason = parsed.reason if parsed.kind == "ignored" and parsed.reason else "no source tracks this ref"
         WEBHOOKS.labels(provider, "ignored").inc()
         log.info("webhook_ignored", refs=[p.ref for p in parsed.pushes], reason=reason)
@@ -178,7 +257,7 @@ def _process(ing: Ingester, provider: str, prov: Provider, raw: bytes, headers: 
                           to_commit=None if push.deleted else push.after,
                           task_kwargs={"after": push.after, "branch_deleted": push.deleted})
              for n, (push, targets) in enumerate(work)]
-    answer = _enqueue(ing, provider, key, specs, delivery)
+    answer = _enqueue(ing, provider, key, specs, delivery, sources_version=lookup.claim_version())
     if answer is not None:
         return answer
     job_ids = [s.job_id for s in specs]
@@ -212,18 +291,18 @@ def _candidates(sources: list[Source], parsed: Parsed) -> list[Source]:
     return []
 
 
-def _eligible(ing: Ingester, provider: str, prov: Provider, parsed: Parsed, raw: bytes,
-              headers: dict[str, str]) -> list[Source] | JSONResponse:
+def _eligible(provider: str, prov: Provider, parsed: Parsed, raw: bytes, headers: dict[str, str],
+              lookup: _Lookup) -> list[Source] | JSONResponse:
     """The registered sources the delivery concerns (:func:`_candidates`) whose own secret (current or previous,
     during rotation) signed this body; or the answer: 503 registry down, 404 unknown repository or none of its
     sources takes deliveries (no secret, or ``webhooks: false``), 401 bad or missing signature."""
     repo = parsed.repository
-    cached = _sources(ing, provider)
+    cached = lookup.get()
     if isinstance(cached, JSONResponse):
         return cached
     found = _candidates(cached, parsed)
     if not found:
-        fresh = _sources(ing, provider, force=True)
+        fresh = lookup.get(force=True)
         if isinstance(fresh, JSONResponse):
             return fresh
         found = _candidates(fresh, parsed)
@@ -234,7 +313,7 @@ def _eligible(ing: Ingester, provider: str, prov: Provider, parsed: Parsed, raw:
     # Only webhook-driven sources with a secret take part (issue 16): an unsigned delivery changes nothing.
     eligible, refusal = delivery_targets(found, lambda secrets: prov.verify(secrets, raw, sig))
     if not eligible:  # a secret rotated a moment ago may not be cached yet: look once more (at most once a second)
-        fresh = _sources(ing, provider, force=True)
+        fresh = lookup.get(force=True)
         if isinstance(fresh, JSONResponse):
             return fresh
         found = _candidates(fresh, parsed) or found

@@ -268,7 +268,7 @@ def delivery_key(provider: str, delivery_id: str, source_ids: Iterable[str]) -> 
 
 
 def enqueue_delivery(rt: ControlRuntime, provider: str, key: str, specs: Sequence[SyncSpec],
-                     delivery_id: str | None = None) -> bool:
+                     delivery_id: str | None = None, sources_version: int | None = None) -> bool:
     """Claim a webhook or object-store delivery once by its ``key`` (:func:`delivery_key`), then enqueue its
     syncs. False for a repeat. ``delivery_id`` (the host's, default ``key``) goes to the task for its log lines.
 
@@ -276,16 +276,18 @@ def enqueue_delivery(rt: ControlRuntime, provider: str, key: str, specs: Sequenc
     :meth:`scopekb.coordination.Coordination.claim_delivery`), then each sync task is published; True only once
     every message is with the broker. If a publish fails the claim is released with the markers of the syncs not
     published, so the sender's retry is not dropped as a duplicate and no job the sender was told failed shows as
-    queued.
+    queued. With ``sources_version`` (the sources version the caller judged the delivery against) the claim
+    first checks that it is still current.
 
     Raises:
         Transient: the coordination backend or the broker is unavailable (nothing of the unpublished syncs is
             remembered).
+        scopekb.coordination.SourcesChanged: ``sources_version`` is no longer current (nothing was written).
     """
     queued = [_queued_job(s.source_ids, s.trigger, s.job_id, s.ref, s.to_commit,
                           {"delivery_id": delivery_id or key, **s.task_kwargs}) for s in specs]
     if not rt.coord.claim_delivery(provider, key, rt.settings.ingester.dedupe_ttl_s, queued=queued,
-                                   queued_ttl_s=rt.settings.worker.result_expires_s):
+                                   queued_ttl_s=rt.settings.worker.result_expires_s, sources_version=sources_version):
         return False
     sent = 0
     try:

@@ -90,3 +90,36 @@ def test_a_source_registered_just_before_a_push_gets_it(ingester: TestClient, tm
         newer = _register(ingester, repo, f"ctx{n}")  # within a millisecond of the push below
         got = _push(ingester, repo, commits[n - 1], commit)
         assert newer in got["sources"], (n, got)
+
+
+def test_a_source_removed_just_before_a_push_is_not_matched(ingester: TestClient, tmp_path: Path) -> None:
+    """The cached list held the source; its removal (the records and the version bump ``ops.remove_source``
+    makes) answered before the push, so the push must not queue a sync for it (issue 20: an accepted push reads no
+    separate version, the delivery claim checks the version it was judged against)."""
+    repo, commits = _repo(tmp_path)
+    keep, gone = _register(ingester, repo, "keep"), _register(ingester, repo, "gone")
+    assert sorted(_push(ingester, repo, ZERO, commits[0])["sources"]) == sorted([keep, gone])  # both cached
+    rt = ingester.app.state.ingester.rt  # type: ignore[attr-defined]
+    rt.records.delete("sources", gone)
+    rt.coord.bump_sources_version()
+    assert _push(ingester, repo, commits[0], commits[1])["sources"] == [keep]
+    rt.records.delete("sources", keep)
+    rt.coord.bump_sources_version()
+    body, headers = delivery("github", NAME, str(repo), commits[1], commits[2], SECRET)
+    r = ingester.post("/webhooks/github", content=body, headers=headers)
+    assert r.status_code == 404, r.text  # no source left: unknown, not queued against the cached list
+
+
+def test_a_source_tracking_another_ref_registered_just_before_its_push_gets_it(ingester: TestClient,
+                                                                               tmp_path: Path) -> None:
+    """A push of a ref no cached source tracks is answered "ignored" only after the sources version is confirmed:
+    a source for that ref registered a moment before gets the push."""
+    repo, commits = _repo(tmp_path)
+    _register(ingester, repo, "main")
+    assert _push(ingester, repo, ZERO, commits[0])["status"] == "queued"  # the cache holds the repository
+    rt = ingester.app.state.ingester.rt  # type: ignore[attr-defined]
+    dev = ops.register_source(rt, SourceCreate(agent_name="cache", context_id="dev", repo_url=str(repo),
+                                               repo_name=NAME, ref="dev", webhook_secret=SecretStr(SECRET))).id
+    body, headers = delivery("github", NAME, str(repo), ZERO, commits[1], SECRET, branch="dev")
+    r = ingester.post("/webhooks/github", content=body, headers=headers)
+    assert r.status_code == 202 and r.json()["status"] == "queued" and r.json()["sources"] == [dev], r.text

@@ -51,6 +51,11 @@ class LockHeld(Transient):
     """The repository lock stayed held by another sync for the whole wait (transient: retry later)."""
 
 
+class SourcesChanged(Exception):  # noqa: N818 - a signal to the caller, not a failure
+    """The registered sources changed since the caller's copy was loaded (:meth:`Coordination.claim_delivery`
+    with ``sources_version``): nothing was written; judge the delivery again against the current sources."""
+
+
 class Coordination(ABC):
     """The coordination interface (see the module docstring). Subclasses implement the ``_`` primitives.
 
@@ -95,9 +100,11 @@ class Coordination(ABC):
 
     @abstractmethod
     def _set_nx_with(self, key: str, value: str, ttl_s: float, others: Sequence[tuple[str, str]],
-                     others_ttl_s: float) -> bool:
+                     others_ttl_s: float, unless: tuple[str, str] | None = None) -> int:
         """Set ``key`` only when absent (kept ``ttl_s``) and, when it was set, every ``(key, value)`` of ``others``
-        (kept ``others_ttl_s``, overwriting), as one atomic step (one round trip); True when ``key`` was set."""
+        (kept ``others_ttl_s``, overwriting), as one atomic step (one round trip): 1 when ``key`` was set, 0 when
+        it existed. ``unless`` ``(key, value)``: first compare that key's value (a missing key reads ``0``) and
+        write nothing, answering -1, when it differs."""
 
     @abstractmethod
     def _extend_if(self, key: str, token: str, ttl_s: float) -> bool: ...
@@ -108,17 +115,28 @@ class Coordination(ABC):
     # ---- delivery claim --------------------------------------------------------------------------------------
 
     def claim_delivery(self, provider: str, delivery_id: str, ttl_s: int,
-                       queued: Sequence[tuple[Job, dict[str, Any]]] = (), queued_ttl_s: int = 0) -> bool:
+                       queued: Sequence[tuple[Job, dict[str, Any]]] = (), queued_ttl_s: int = 0,
+                       sources_version: int | None = None) -> bool:
         """Atomically claim a webhook delivery id. True the first time within ``ttl_s``, False for a repeat.
 
         With ``queued`` (``(job, task kwargs)`` pairs), the claim also writes those jobs' queued markers
         (:meth:`mark_queued`, kept ``queued_ttl_s``) in the same atomic step - one round trip on Redis instead of
-        one per key (issue 20); a repeat writes nothing."""
+        one per key (issue 20); a repeat writes nothing. With ``sources_version``, the step first checks that the
+        sources version (:meth:`sources_version`) still is that one.
+
+        Raises:
+            SourcesChanged: the sources version moved (nothing was written): judge the delivery again against the
+                sources as registered now.
+        """
         key = keys.delivery(provider, delivery_id)
-        if not queued:
+        if not queued and sources_version is None:
             return self._set(key, "1", ttl_s=ttl_s, nx=True)
-        return self._set_nx_with(key, "1", ttl_s, [(keys.job_queued(job.id), _marker(job, kw)) for job, kw in queued],
-                                 queued_ttl_s)
+        done = self._set_nx_with(key, "1", ttl_s,
+                                 [(keys.job_queued(job.id), _marker(job, kw)) for job, kw in queued], queued_ttl_s,
+                                 None if sources_version is None else (keys.SOURCES_VERSION, str(sources_version)))
+        if done < 0:
+            raise SourcesChanged(f"sources version is no longer {sources_version}")
+        return done == 1
 
     def release_delivery(self, provider: str, delivery_id: str, queued: Sequence[str] = ()) -> None:
         """Forget a claimed delivery and the queued markers of the job ids ``queued`` (enqueueing failed, so the

@@ -77,13 +77,15 @@ class MemoryCoordination(Coordination):
             return n
 
     def _set_nx_with(self, key: str, value: str, ttl_s: float, others: Sequence[tuple[str, str]],
-                     others_ttl_s: float) -> bool:
+                     others_ttl_s: float, unless: tuple[str, str] | None = None) -> int:
         with self._mu:
+            if unless is not None and (self._alive(unless[0]) or b"0") != unless[1].encode():
+                return -1
             if not self._set(key, value, ttl_s=ttl_s, nx=True):
-                return False
+                return 0
             for k, v in others:
                 self._set(k, v, ttl_s=others_ttl_s)
-            return True
+            return 1
 
     def _extend_if(self, key: str, token: str, ttl_s: float) -> bool:
         with self._mu:

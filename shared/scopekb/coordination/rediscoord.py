@@ -19,9 +19,11 @@ T = TypeVar("T")
 _EXTEND_IF_EQUAL = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
                     "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0")
 _DELETE_IF_EQUAL = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-#: SET KEYS[1] ARGV[1] NX PX ARGV[2]; when set, SET KEYS[i] ARGV[i+2] PX ARGV[3] for the other keys.
-_SET_NX_WITH = ("if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end "
-                "for i = 2, #KEYS do redis.call('set', KEYS[i], ARGV[i + 2], 'PX', ARGV[3]) end return 1")
+#: -1 without a write when ARGV[4] is not empty and GET KEYS[2] (missing: '0') differs from it; else SET KEYS[1]
+#: ARGV[1] NX PX ARGV[2] (0 when it existed) and, when set, SET KEYS[i] ARGV[i+2] PX ARGV[3] for KEYS[3..] (1).
+_SET_NX_WITH = ("if ARGV[4] ~= '' and (redis.call('get', KEYS[2]) or '0') ~= ARGV[4] then return -1 end "
+                "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end "
+                "for i = 3, #KEYS do redis.call('set', KEYS[i], ARGV[i + 2], 'PX', ARGV[3]) end return 1")
 
 
 class RedisCoordination(Coordination):
@@ -99,10 +101,11 @@ class RedisCoordination(Coordination):
         return int(res[1 if forget else 0])
 
     def _set_nx_with(self, key: str, value: str, ttl_s: float, others: Sequence[tuple[str, str]],
-                     others_ttl_s: float) -> bool:
-        names = [key, *(k for k, _ in others)]
-        argv = [value, max(1, int(ttl_s * 1000)), max(1, int(others_ttl_s * 1000)), *(v for _, v in others)]
-        return bool(self._call(lambda: self._set_nx_with_script(keys=names, args=argv)))
+                     others_ttl_s: float, unless: tuple[str, str] | None = None) -> int:
+        check_key, expected = unless or (key, "")
+        names = [key, check_key, *(k for k, _ in others)]
+        argv = [value, max(1, int(ttl_s * 1000)), max(1, int(others_ttl_s * 1000)), expected, *(v for _, v in others)]
+        return int(self._call(lambda: self._set_nx_with_script(keys=names, args=argv)))
 
     def _extend_if(self, key: str, token: str, ttl_s: float) -> bool:
         return bool(self._call(lambda: self.client.eval(_EXTEND_IF_EQUAL, 1, key, token, int(ttl_s * 1000))))
