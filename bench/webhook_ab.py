@@ -44,9 +44,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--generators", default="single")
-    ap.add_argument("--kind", default="accepted", choices=("accepted", "duplicate", "unknown"),
+    ap.add_argument("--kind", default="accepted", choices=("accepted", "duplicate", "unknown", "noevent"),
                     help="what the ingesters get (the bare app always the accepted pushes): distinct pushes, one "
-                    "delivery repeated (200 duplicate after the first), or an unknown provider's route (404)")
+                    "delivery repeated (200 duplicate after the first), an unknown provider's route (404), or the "
+                    "pushes without their event header (400 after the body is read and handed to a thread)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--pyspy", type=Path, help="py-spy binary: record each ingester during its first load "
                     "(raw collapsed stacks next to the logs)")
@@ -136,6 +137,8 @@ def main() -> int:
                     url, reqs = sides[name]["url"], batch(args.n)
                     if name != "bare" and args.kind == "duplicate":
                         reqs = [reqs[0]] * len(reqs)
+                    elif name != "bare" and args.kind == "noevent":
+                        reqs = [(b, {k: v for k, v in h.items() if k != "X-GitHub-Event"}) for b, h in reqs]
                     elif name != "bare" and args.kind == "unknown":
                         url = url.replace("/webhooks/github", "/webhooks/nope")
                     r = webhook.run_load(url, reqs, args.concurrency, sides[name]["pid"],
