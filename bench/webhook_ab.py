@@ -4,11 +4,11 @@ first on ``PYTHONPATH``), on the running services (``SCOPEKB_OPENSEARCH__URL``, 
 in alternating order round by round, so every side sees the same machine load.
 
     .venv/bin/python bench/webhook_ab.py [--base /path/to/old/checkout] [--n 600] [--rounds 3] \
-        [--generators single,pooled]
+        [--generators single,pooled] [--kind accepted|duplicate|unknown|noevent] [--pyspy PATH]
 
 Every request is a distinct, correctly signed GitHub push for a source registered here (a queue nobody consumes;
 the run's keys, queue and indices are deleted at the end), ``--concurrency`` in flight
-(:func:`scopekb_bench.webhook.load`). Prints per round and side: p50/p99, requests/s, the server's CPU per request
+(:func:`scopekb_bench.webhook.run_load`). Prints per round and side: p50/p99, requests/s, the server's CPU per request
 (utime + stime from ``/proc`` ÷ requests) and the generator's; then the medians of the rounds and each side's
 p50 ÷ the bare p50 and CPU per request ÷ the bare CPU per request.
 """
@@ -143,8 +143,6 @@ def main() -> int:
                         url = url.replace("/webhooks/github", "/webhooks/nope")
                     r = webhook.run_load(url, reqs, args.concurrency, sides[name]["pid"],
                                          gen)
-                    if os.environ.get("WH_DUMP_SIGNAL") and name != "bare":  # a profiling build: dump its stats
-                        os.kill(sides[name]["pid"], signal.SIGUSR1)
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)
                         spy.wait(timeout=30)
