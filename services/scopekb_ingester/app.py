@@ -7,11 +7,15 @@ router to the embedded all-in-one app with :func:`attach`.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scopekb.http.exposure import fastapi_options, guarded_metrics, harden, route_limits
+from scopekb.http.server import apply_worker_threads
 from scopekb.http.unicode import install_unicode_safety
 from scopekb.logging import configure_logging
 from scopekb.runtime import ControlRuntime, build_control_runtime
@@ -46,7 +50,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the ingester app. Settings default to :func:`scopekb.settings.get_settings`."""
     settings = settings or get_settings()
     configure_logging("json" if settings.log_format == "auto" else settings.log_format, settings.log_level)
-    app = FastAPI(title="scopekb ingester", version="0.1.0", **fastapi_options(settings.http))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        apply_worker_threads(settings.http)  # the webhook route's blocking part runs in these threads (issue 20)
+        yield
+
+    app = FastAPI(title="scopekb ingester", version="0.1.0", lifespan=lifespan, **fastapi_options(settings.http))
     install_unicode_safety(app)  # before the routers: their default response class
     app.include_router(health_router)
     attach(app, build_control_runtime(settings))

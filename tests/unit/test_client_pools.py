@@ -49,3 +49,20 @@ def test_apply_worker_threads_sizes_anyios_thread_limiter() -> None:
         return anyio.to_thread.current_default_thread_limiter().total_tokens
 
     assert anyio.run(main) == 6
+
+
+def test_the_ingester_app_sizes_its_thread_limiter_to_the_setting(tmp_path) -> None:  # noqa: ANN001
+    """The webhook route runs its blocking part (parse, Redis, publish) in anyio's threads: the ingester app sizes
+    them to ``http.worker_threads`` at startup, as the query app does."""
+    from fastapi.testclient import TestClient
+
+    from scopekb_ingester.app import create_app
+
+    app = create_app(Settings(profile="embedded", data_dir=tmp_path, http={"worker_threads": 9}))
+
+    async def limiter_size() -> dict[str, float]:
+        return {"tokens": anyio.to_thread.current_default_thread_limiter().total_tokens}
+
+    app.add_api_route("/limiter", limiter_size)
+    with TestClient(app) as client:
+        assert client.get("/limiter").json() == {"tokens": 9}
