@@ -390,3 +390,22 @@ def test_reindex_upgrades_a_schema_1_index_keeping_chunks_vectors_and_refs(tmp_p
     assert [(h.path, h.match_lines) for h in ex] == [("x.py", [2])]
     assert s.vector_search([0, 1, 0, 0], everything(), 1)[0][2][F.PATH] == "y.md"
     s.close()
+
+
+def test_a_cached_small_index_rebuilt_by_another_store_object_answers_from_the_new_vectors(tmp_path: Path) -> None:
+    """Hostile pass (issue 20's small-index cache): another process drops and rebuilds the index file (a reindex)
+    and writes as many vector batches as this process had seen, so the rebuilt index's vector generation equals
+    the one this process cached. The search must score the rebuilt vectors, not the cached ones of old rowids."""
+    path = tmp_path / "shared.sqlite3"
+    one, two = SqliteChunkStore(path, DIM, "m"), SqliteChunkStore(path, DIM, "m")
+    one.ensure_index()
+    one.bulk_write([doc("a", "old-x.py", "old x", vec=[1, 0, 0, 0]), doc("a", "old-y.py", "old y", vec=[0, 1, 0, 0])])
+    assert [h[2][F.PATH] for h in one.vector_search([1, 0, 0, 0], everything(), 2)] == ["old-x.py", "old-y.py"]
+    assert one._vec_cache is not None  # cached at generation 1
+    two.drop()
+    two.ensure_index()  # generation 0 again, rowids from 1 again
+    two.bulk_write([doc("a", "new-p.py", "new p", vec=[0, 1, 0, 0]), doc("a", "new-q.py", "new q", vec=[1, 0, 0, 0])])
+    got = [h[2][F.PATH] for h in one.vector_search([1, 0, 0, 0], everything(), 2)]
+    assert got == ["new-q.py", "new-p.py"], got
+    one.close()
+    two.close()

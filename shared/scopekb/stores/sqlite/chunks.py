@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import sqlite3
+import secrets
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
@@ -189,7 +190,10 @@ class SqliteChunkStore:
             meta = dict(conn.execute("SELECT key, value FROM scopekb_meta").fetchall())
             if not meta.get("schema_version"):
                 want = {"schema_version": str(SCHEMA_VERSION), "mapping_version": str(F.MAPPING_VERSION),
-                        "dimension": str(self.dimension or ""), "model": self.model or "", "vec_gen": "0",
+                        "dimension": str(self.dimension or ""), "model": self.model or "",
+                        # a random start (not 0): a process that cached this file's vectors before another process
+                        # dropped and rebuilt it must not find its cached generation again (hostile pass, issue 20)
+                        "vec_gen": str(secrets.randbits(48)),
                         "encoder": self.encoder}
                 want["refs_migrated"] = "1"
                 conn.executemany("INSERT OR REPLACE INTO scopekb_meta VALUES (?, ?)", list(want.items()))
