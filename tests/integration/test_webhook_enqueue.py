@@ -113,3 +113,27 @@ def test_a_broker_refusing_the_publish_is_503_and_nothing_is_remembered(ingester
     job_id = retry.json()["job_id"]
     assert job_id.startswith(headers["X-GitHub-Delivery"])
     assert _messages(client, job_id) == {job_id} and rt.coord.queued_job(job_id) is not None
+
+
+def test_coordination_down_after_the_cache_is_warm_is_503_and_the_retry_is_accepted(
+        ingester: tuple[TestClient, str]) -> None:
+    """Hostile pass: Redis (claims, markers, sources version) goes away after the ingester cached its sources; the
+    accepted-push path reads no version first, so the claim itself is what fails: 503, and once Redis is back the
+    sender's retry of the same delivery is queued."""
+    from scopekb.coordination.rediscoord import RedisCoordination
+
+    client, repo = ingester
+    app = client.app
+    good: Ingester = app.state.ingester  # type: ignore[attr-defined]
+    rt = good.rt
+    warm, warm_headers = delivery("github", NAME, repo, ZERO, "b" * 40, SECRET)
+    assert client.post("/webhooks/github", content=warm, headers=warm_headers).status_code == 202
+    dead = RedisCoordination.from_url(f"redis://127.0.0.1:{_free_port()}/0")
+    app.state.ingester = Ingester(dataclasses.replace(rt, coord=dead), good.sources)
+    body, headers = delivery("github", NAME, repo, ZERO, AFTER, SECRET)
+    down = client.post("/webhooks/github", content=body, headers=headers)
+    assert down.status_code == 503, down.text
+    app.state.ingester = good
+    retry = client.post("/webhooks/github", content=body, headers=headers)
+    assert retry.status_code == 202, retry.text
+    assert _messages(client, retry.json()["job_id"]) == {retry.json()["job_id"]}

@@ -123,3 +123,41 @@ def test_a_source_tracking_another_ref_registered_just_before_its_push_gets_it(i
     body, headers = delivery("github", NAME, str(repo), ZERO, commits[1], SECRET, branch="dev")
     r = ingester.post("/webhooks/github", content=body, headers=headers)
     assert r.status_code == 202 and r.json()["status"] == "queued" and r.json()["sources"] == [dev], r.text
+
+
+def test_a_source_registered_between_the_lookup_and_the_claim_gets_the_push(ingester: TestClient, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hostile pass: the registration lands after the delivery was judged against the cached list and before its
+    claim; the claim sees the sources version moved, and the push is judged again and reaches the new source."""
+    from scopekb_ingester import webhooks
+
+    repo, commits = _repo(tmp_path)
+    first = _register(ingester, repo, "one")
+    assert _push(ingester, repo, ZERO, commits[0])["sources"] == [first]  # cached
+    real = ops.enqueue_delivery
+    added: list[str] = []
+
+    def register_then_claim(*args: Any, **kwargs: Any) -> bool:
+        if not added:
+            added.append(_register(ingester, repo, "late"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(webhooks.ops, "enqueue_delivery", register_then_claim)
+    got = _push(ingester, repo, commits[0], commits[1])
+    assert sorted(got["sources"]) == sorted([first, added[0]]), got
+
+
+def test_the_same_delivery_sent_concurrently_is_queued_once(ingester: TestClient, tmp_path: Path) -> None:
+    """Hostile pass: 12 copies of one delivery at once: one 202, every other a 200 duplicate naming the same job."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    repo, commits = _repo(tmp_path)
+    _register(ingester, repo, "one")
+    body, headers = delivery("github", NAME, str(repo), ZERO, commits[0], SECRET)
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda _: ingester.post("/webhooks/github", content=body, headers=headers),
+                                range(12)))
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [200] * 11 + [202], [r.text for r in answers]
+    jobs = {r.json()["job_id"] for r in answers}
+    assert len(jobs) == 1, jobs
