@@ -56,6 +56,9 @@ class SourceCache:
         delivery claim (:meth:`scopekb.coordination.Coordination.claim_delivery` with ``sources_version``), so an
         accepted push costs no separate version read (issue 20). Record-store errors propagate."""
         v: int | None = self._loaded_version
+        # A list loaded while the version could not be read has no version a delivery claim could confirm: read it
+        # (hostile pass: a first load during a Redis outage otherwise went unchecked until ttl_s ran out).
+        check = check or v is None
         if check and (force or time.monotonic() - self._version_read_at >= self._check_s):
             try:
                 v = self._version()

@@ -137,3 +137,29 @@ def test_coordination_down_after_the_cache_is_warm_is_503_and_the_retry_is_accep
     retry = client.post("/webhooks/github", content=body, headers=headers)
     assert retry.status_code == 202, retry.text
     assert _messages(client, retry.json()["job_id"]) == {retry.json()["job_id"]}
+
+
+def test_a_source_cache_loaded_while_redis_was_down_still_sees_a_later_registration(
+        ingester: tuple[TestClient, str]) -> None:
+    """Hostile pass: the ingester's first load of its sources came while Redis was down (the sources version could
+    not be read; the push was a 503). Once Redis is back, a source registered for the same repository must get
+    the next push: the cached list has no version to confirm, so it cannot be trusted without a version read."""
+    from scopekb.coordination.rediscoord import RedisCoordination
+    from scopekb_ingester.state import SourceCache
+
+    client, repo = ingester
+    app = client.app
+    good: Ingester = app.state.ingester  # type: ignore[attr-defined]
+    rt = good.rt
+    dead = RedisCoordination.from_url(f"redis://127.0.0.1:{_free_port()}/0")
+    cache = SourceCache(lambda: rt.records.list_sources(), dead.sources_version)  # a fresh ingester, Redis down
+    app.state.ingester = Ingester(dataclasses.replace(rt, coord=dead), cache)
+    body, headers = delivery("github", NAME, repo, ZERO, "c" * 40, SECRET)
+    assert client.post("/webhooks/github", content=body, headers=headers).status_code == 503
+    cache._version = rt.coord.sources_version  # Redis is back
+    app.state.ingester = Ingester(rt, cache)
+    late = ops.register_source(rt, SourceCreate(agent_name="enq", context_id="late", repo_url=repo, repo_name=NAME,
+                                                webhook_secret=SecretStr(SECRET))).id
+    got = client.post("/webhooks/github", content=body, headers=headers)
+    assert got.status_code == 202, got.text
+    assert late in got.json()["sources"], got.json()
