@@ -409,3 +409,20 @@ def test_a_cached_small_index_rebuilt_by_another_store_object_answers_from_the_n
     assert got == ["new-q.py", "new-p.py"], got
     one.close()
     two.close()
+
+
+def test_a_search_with_the_other_local_backend_names_the_setting_that_keeps_the_index(tmp_path: Path) -> None:
+    """Hostile pass: ``scopekb search`` with SCOPEKB_EMBEDDING__LOCAL_BACKEND=onnx-int8 on an index of fp32 vectors
+    degraded to keyword with "was rebuilt for ... model ...; restart this process with the new model settings":
+    nothing was rebuilt and no restart helps. The notice is one line and names model_mismatch_fix's fix."""
+    path = tmp_path / "c.sqlite3"
+    fp32 = SqliteChunkStore(path, DIM, "local:m@1")
+    fp32.bulk_write([doc("a", "x.py", "hello there", vec=[1, 0, 0, 0])])
+    int8 = SqliteChunkStore(path, DIM, "local:m@1+int8-abc")
+    with pytest.raises(S.SqliteVersionMismatch) as e:
+        int8.vector_search([1, 0, 0, 0], everything(), 3)
+    msg = str(e.value)
+    assert "\n" not in msg and "rebuilt" not in msg
+    assert "SCOPEKB_EMBEDDING__LOCAL_BACKEND=onnx " in msg and "scopekb reindex" in msg
+    fp32.close()
+    int8.close()

@@ -931,9 +931,13 @@ class SqliteChunkStore:
                 "SELECT key, value FROM scopekb_meta WHERE key IN ('vec_gen', 'dimension', 'model')").fetchall())
             if meta.get("dimension") != str(self.dimension) or (
                     self.model is not None and (meta.get("model") or None) != self.model):
+                have = meta.get("model") or None
+                fix = (model_mismatch_fix(have, self.model) if meta.get("dimension") == str(self.dimension)
+                       else "Run `scopekb reindex` (re-embeds every chunk).")
                 raise SqliteVersionMismatch(
-                    f"the SQLite index {str(self.path)!r} was rebuilt for dimension {meta.get('dimension') or None}"
-                    f" and model {meta.get('model') or None!r}; restart this process with the new model settings")
+                    f"the SQLite index {str(self.path)!r} holds vectors of dimension {meta.get('dimension') or None}"
+                    f" and model {have!r}; this process embeds with dimension {self.dimension} and model "
+                    f"{self.model!r}: restart it with the index's model settings, or: {fix}")
             gen = int(meta["vec_gen"])
             cache = self._vec_cache
             if ((cache is None or cache[0] != gen) and rowids.size <= _DIRECT_READ_MAX
