@@ -8,8 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sqlite3
 import secrets
+import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
