@@ -90,7 +90,7 @@ def main() -> int:
 
     from scopekb_bench import concurrency, corpus, quality, sets
     from scopekb_bench.profiles import QUICK
-    from scopekb_bench.util import summary
+    from scopekb_bench.util import stop_processes, summary
 
     from scopekb import ops
     from scopekb.indexing import run_sync
@@ -164,12 +164,7 @@ def main() -> int:
                                   f"generator {row['client_cpu_per_request'] * 1000:5.2f}  "
                                   f"non-200 {row['non_200']}  load {os.getloadavg()[0]:.1f}", flush=True)
         finally:
-            for p, _ in procs.values():
-                p.terminate()
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_processes([p for p, _ in procs.values()], timeout_s=30)
             if distributed is not None:
                 from scopekb_bench.stack import cleanup
 

@@ -54,8 +54,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from scopekb_bench import webhook
-    from scopekb_bench.stack import WEBHOOK_SECRET, cleanup, free_port, github_push, new_admin_token, stack_env
-    from scopekb_bench.util import log, summary
+    from scopekb_bench.stack import WEBHOOK_SECRET, cleanup, free_port, new_admin_token, stack_env
+    from scopekb_bench.util import log, stop_processes, summary
 
     from scopekb import ops
     from scopekb.models import SourceCreate
@@ -107,15 +107,7 @@ def main() -> int:
             port = free_port()
             start(name, [sys.executable, "-m", "scopekb_cli.main", "serve", "ingester", "--port", str(port)], root,
                   f"http://127.0.0.1:{port}/webhooks/github", env)
-        counter = 0
-
-        def batch(k: int) -> list[tuple[bytes, dict[str, str]]]:
-            nonlocal counter
-            out = []
-            for _ in range(k):
-                counter += 1
-                out.append(github_push(repo_name, str(repo), "0" * 40, f"{counter:040x}", f"bench-{run_id}-{counter}"))
-            return out
+        batch = webhook.push_batches(repo_name, str(repo), f"bench-{run_id}")
 
         gens = args.generators.split(",")
         for s in sides.values():  # warm-up
@@ -169,13 +161,7 @@ def main() -> int:
         if args.out:
             args.out.write_text(json.dumps(rows, indent=1))
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         for fh in handles:
             fh.close()
         log(f"cleanup: {cleanup(endpoints, run_id)}; logs in {tmp}")

@@ -38,23 +38,15 @@ from typing import Any
 import httpx
 
 from scopekb_bench.stack import free_port
-from scopekb_bench.util import REPO, log, summary
+from scopekb_bench.util import REPO, log, summary, tree_cpu_seconds
 
 LEVELS = (1, 8, 32)
 
 
 def proc_cpu_seconds(pids: Sequence[int]) -> float:
-    """User + system CPU seconds used so far by the processes ``pids`` (every thread; from ``/proc/PID/stat``,
-    clock-tick resolution, usually 10 ms); a process that has gone counts 0. Linux only."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
-    return total / tick
+    """User + system CPU seconds used so far by the processes ``pids`` and their children
+    (:func:`scopekb_bench.util.tree_cpu_seconds`); a process that has gone counts 0."""
+    return sum(tree_cpu_seconds(pid) for pid in pids)
 
 
 async def _level(url: str, key: str, context: str, queries: Sequence[str], mode: str, n: int, level: int,

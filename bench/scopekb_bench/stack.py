@@ -21,7 +21,7 @@ import httpx
 import redis
 from opensearchpy import OpenSearch
 
-from scopekb_bench.util import REPO, log
+from scopekb_bench.util import REPO, log, stop_processes
 from scopekb_ingester.providers import github_signature
 
 ZERO = "0" * 40
@@ -149,15 +149,7 @@ class Stack:
 
     def stop(self) -> None:
         """Terminate this stack's processes (by pid), kill any that do not exit within 20 s."""
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+        stop_processes(self.procs.values())
         for fh in self._handles:
             fh.close()
         self._handles.clear()

@@ -135,6 +135,20 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def stop_processes(procs: Iterable[subprocess.Popen[Any]], timeout_s: float = 20) -> None:
+    """Terminate the given processes (by their own pids), then kill any still running after ``timeout_s``."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+
 def _pss(p: psutil.Process) -> int:
     """Proportional set size of a process (shared pages split between their users), from ``smaps_rollup``; the
     RSS where that file cannot be read."""

@@ -18,6 +18,7 @@ import importlib
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,23 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
     raise RuntimeError("webhook server did not answer")
 
 
+def push_batches(repo_name: str, clone_url: str, delivery_prefix: str
+                 ) -> Callable[[int], list[tuple[bytes, dict[str, str]]]]:
+    """``batch(k)``: the next ``k`` distinct, signed GitHub pushes ``(body, headers)`` of ``repo_name`` (commits
+    ``<n as 40 hex>``, delivery ids ``<delivery_prefix>-<n>``, ``n`` counting on over every call)."""
+    counter = 0
+
+    def batch(k: int) -> list[tuple[bytes, dict[str, str]]]:
+        nonlocal counter
+        out = []
+        for _ in range(k):
+            counter += 1
+            out.append(github_push(repo_name, clone_url, "0" * 40, f"{counter:040x}", f"{delivery_prefix}-{counter}"))
+        return out
+
+    return batch
+
+
 def bare_server_args(http: HttpSettings | None = None) -> list[str]:
     """uvicorn command-line options giving the bare app the server settings ``scopekb serve`` gives the ingester
     (:func:`scopekb.http.server.uvicorn_options`): the same HTTP implementation (h11; the ingester's protocol is
@@ -134,16 +152,7 @@ def measure(env: dict[str, str], logs: Path, run_id: str, repo_name: str, clone_
     bare_url = f"http://127.0.0.1:{port}/webhooks/github"
     try:
         wait_ready(bare_url, bare)
-        counter = 0
-
-        def batch(k: int) -> list[tuple[bytes, dict[str, str]]]:
-            nonlocal counter
-            out = []
-            for _ in range(k):
-                counter += 1
-                after = f"{counter:040x}"
-                out.append(github_push(repo_name, clone_url, "0" * 40, after, f"bench-{run_id}-wh-{counter}"))
-            return out
+        batch = push_batches(repo_name, clone_url, f"bench-{run_id}-wh")
 
         sides = {"scopekb": (ingester.ingester_url + "/webhooks/github", ingester.pid("ingester")),
                  "bare": (bare_url, bare.pid)}
