@@ -120,6 +120,11 @@ def ref_name_problem(name: str, glob: bool) -> str | None:
     return None
 
 
+#: Longest repo_url (characters), bucket (characters) and prefix (UTF-8 bytes) a new source may have; see
+#: :meth:`SourceCreate._bounded_location`.
+SOURCE_LOCATION_LIMITS = {"repo_url": 2048, "bucket": 63, "prefix": 1024}
+
+
 class SourceCreate(Scope):
     """A git repository + ref, or an object-store prefix, bound to one scope (a request to register a source).
 
@@ -185,6 +190,21 @@ class SourceCreate(Scope):
             if pat not in out:
                 out.append(pat)
         return out
+
+    @field_validator("repo_url", "bucket", "prefix")
+    @classmethod
+    def _bounded_location(cls, v: str | None, info: Any) -> str | None:
+        # A new registration only (a stored record loads as it was stored). Bounds: S3 bucket names are 3-63
+        # characters and object keys at most 1,024 bytes (AWS S3 naming rules); a clone URL gets the 2,048
+        # characters git hosts' URLs fit in, so a caller cannot grow the ingester's URL-key cache without bound.
+        if cls is not SourceCreate or v is None:
+            return v
+        limit = SOURCE_LOCATION_LIMITS[info.field_name]
+        size = len(v.encode("utf-8", "surrogatepass")) if info.field_name == "prefix" else len(v)
+        if size > limit:
+            unit = "bytes" if info.field_name == "prefix" else "characters"
+            raise ValueError(f"{info.field_name} is {size} {unit}; at most {limit} are allowed")
+        return v
 
     @field_validator("repo_name")
     @classmethod

@@ -172,6 +172,26 @@ def test_unknown_request_fields_are_422_naming_them(api: dict[str, Any]) -> None
     assert c.post("/v1/sources", json=body).status_code == 201  # the same body without the extra field
 
 
+def test_oversized_source_locations_are_422_and_nothing_is_stored(api: dict[str, Any]) -> None:
+    """A clone URL over 2,048 characters, a bucket over 63 or a prefix over 1,024 bytes is refused, 422 naming
+    the field and its bound, on both profiles; nothing is registered (an unbounded URL grew the ingester's
+    URL-key cache, noticed in the issue 20 pass). The same URL at the bound is accepted past this check."""
+    c = api["client"]
+    before = [s["id"] for s in c.get("/v1/sources").json()]
+    base = {"agent_name": "prof", "context_id": "long"}
+    url = "https://github.com/owner/" + "r" * 2100 + ".git"
+    for body, field in (({**base, "repo_url": url}, "repo_url"),
+                        ({**base, "kind": "s3", "bucket": "b" * 64, "prefix": "docs"}, "bucket"),
+                        ({**base, "kind": "s3", "prefix": "é" * 513}, "prefix")):
+        r = c.post("/v1/sources", json=body)
+        assert r.status_code == 422 and field in r.text and "at most" in r.text, (field, r.status_code, r.text)
+        assert len(r.text) < 4000, "the refusal must not echo the whole oversized value back"
+    assert [s["id"] for s in c.get("/v1/sources").json()] == before
+    at_bound = "https://github.com/owner/" + "r" * (2048 - len("https://github.com/owner/.git")) + ".git"
+    r = c.post("/v1/sources", json={**base, "repo_url": at_bound, "webhooks": False})
+    assert "at most" not in r.text, r.text
+
+
 def test_admin_routes_need_the_admin_token(api: dict[str, Any]) -> None:
     c = api["client"]
     assert c.get("/v1/sources", headers={"Authorization": ""}).status_code == 401

@@ -126,3 +126,24 @@ def test_source_refs_follow_check_ref_format_and_stored_records_still_load() -> 
     assert ok.refs == ["main", "feature/*", "v*", "refs/tags/v1.*", "release/1.0", "HEADS-up"]
     old = Source.model_validate({**base, "id": "src_1", "ref": "ma\x1bin", "repo_name": "x\ny"})
     assert old.ref == "ma\x1bin" and old.repo_name == "x\ny"
+
+
+def test_source_locations_are_bounded_for_new_sources_only() -> None:
+    """repo_url ≤ 2,048 characters, bucket ≤ 63, prefix ≤ 1,024 UTF-8 bytes for a new source; a stored record
+    beyond them still loads (never lose a source by a new rule)."""
+    import pydantic
+
+    from scopekb.models import SOURCE_LOCATION_LIMITS, Source, SourceCreate
+
+    base = {"agent_name": "a", "context_id": "c"}
+    url = "https://example.invalid/" + "x" * 2048
+    with pytest.raises(pydantic.ValidationError, match="repo_url is 2072 characters; at most 2048"):
+        SourceCreate(**base, repo_url=url)
+    ok = "https://example.invalid/" + "x" * (SOURCE_LOCATION_LIMITS["repo_url"] - 24)
+    assert SourceCreate(**base, repo_url=ok).repo_url == ok
+    with pytest.raises(pydantic.ValidationError, match="bucket is 64 characters"):
+        SourceCreate(**base, kind="s3", bucket="b" * 64, prefix="p")
+    with pytest.raises(pydantic.ValidationError, match="prefix is 1026 bytes"):
+        SourceCreate(**base, kind="s3", prefix="é" * 513)
+    assert SourceCreate(**base, kind="s3", prefix="é" * 512).prefix == "é" * 512
+    assert Source.model_validate({**base, "id": "src_1", "repo_url": url}).repo_url == url
