@@ -9,15 +9,18 @@ that vector list and the keyword list stored by ``rank_experiments.py search --v
 (same chunk ids), each with the paired gain over the ``full`` header. The held-aside set is read only with
 ``--held-aside``.
 
-Usage::
+Usage (``a+b``: two vectors per chunk, max-sim; ``v@split``: identifier-split queries, with ``--qsplit``)::
 
     bench/embed_probe.py --set tuning --variants full,lean
+    bench/embed_probe.py --set tuning-large --qsplit --variants full,full+head,full@split,wsplit
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pickle
+import re
 import sys
 from pathlib import Path
 
@@ -51,7 +54,41 @@ def sym(path: str, c, cfg, counter) -> str:  # noqa: ANN001
     return (f"{c.symbol} ({c.kind})\n\n" if c.symbol else "") + c.content
 
 
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _words(text: str) -> str:
+    """Identifiers of ``text`` written as their camelCase / snake_case parts (``parseHeader`` → ``parse Header``,
+    ``max_age`` → ``max age``); other characters unchanged."""
+    def one(m: re.Match) -> str:
+        t = m.group(0)
+        if "_" not in t.strip("_") and not re.search(r"[a-z][A-Z]|[A-Z][A-Z][a-z]", t):
+            return t
+        return " ".join(p for p in re.split(r"_+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", t) if p)
+    return _IDENT.sub(one, text)
+
+
+def fullsig(p: str, c, cfg, n) -> str:  # noqa: ANN001
+    """``full``, and for a later part of a definition cut in parts its signature as the first content line (the
+    embedder of part 2..n otherwise never sees the definition's name line)."""
+    if c.signature and int(c.metadata.get("part", 1) or 1) > 1:
+        c = c.model_copy(update={"content": c.signature + "\n" + c.content}) if hasattr(c, "model_copy") else \
+            dataclasses.replace(c, content=c.signature + "\n" + c.content)
+    return embedding_text(p, "python", c, cfg.model_copy(update={"embed_header": "full"}), n)
+
+
+def head(p: str, c, cfg, n) -> str:  # noqa: ANN001
+    """Symbol path and kind, the signature, then the first 8 lines of the chunk (the head only)."""
+    lines = c.content.splitlines()
+    sig = [c.signature] if c.signature and (not lines or c.signature.strip() not in lines[0]) else []
+    return (f"{c.symbol} ({c.kind})\n" if c.symbol else "") + "\n".join(sig + lines[:8])
+
+
 VARIANTS = {
+    "fullsig": fullsig,
+    "head": head,
+    "wsplit": lambda p, c, cfg, n: _words(
+        embedding_text(p, "python", c, cfg.model_copy(update={"embed_header": "full"}), n)),
     "sym": sym,
     "full": lambda p, c, cfg, n: embedding_text(p, "python", c, cfg.model_copy(update={"embed_header": "full"}), n),
     "words": lambda p, c, cfg, n: embedding_text(p, "python", c, cfg.model_copy(update={"embed_header": "words"}), n),
@@ -79,6 +116,8 @@ def main() -> None:
     ap.add_argument("--set", required=True)
     ap.add_argument("--variants", default="full,lean")
     ap.add_argument("--held-aside", action="store_true")
+    ap.add_argument("--qsplit", action="store_true", help="also embed the queries with identifiers split, for "
+                    "variants written view@split")
     ap.add_argument("--prefill", action="store_true", help="only embed and cache the variants' chunk texts")
     a = ap.parse_args()
     qs_def = rx._set(a.set)
@@ -97,18 +136,27 @@ def main() -> None:
     cache = SQLiteEmbeddingCache(rx.OUT / "embcache.sqlite3")
     if a.prefill:  # only embed (and cache) every variant's chunk texts, e.g. while the base search still runs
         for v in a.variants.split(","):
-            _vectors([VARIANTS[v](p, c, cfg, counter) for p, c in chunks], emb, cache)
+            for part in v.partition("@")[0].split("+"):
+                _vectors([VARIANTS[part](p, c, cfg, counter) for p, c in chunks], emb, cache)
             print(f"{qs_def.id}: {v} cached", flush=True)
         return
     base = pickle.loads((rx.OUT / "base" / f"{qs_def.id}.pkl").read_bytes())["sets"][0]
     queries = base.queries  # the harness's sample (all queries of tuning-large, 150 of the others)
     qv = np.array([emb.embed_query(q.query[:4096]) for q in queries])
+    qv_split = np.array([emb.embed_query(_words(q.query[:4096])) for q in queries]) if a.qsplit else None
     fusions = (("vector", 0.0, 40), ("minmax", 0.3, 40), ("minmax", 0.5, 100), ("minmax", 0.4, 200), ("rrf", 0.0, 40))
     ref: dict[tuple, list[float]] = {}
     for v in a.variants.split(","):
-        texts = [VARIANTS[v](p, c, cfg, counter) for p, c in chunks]
-        shas, got = _vectors(texts, emb, cache)
-        sims = qv @ np.array([got[s] for s in shas], dtype=np.float32).T
+        # ``a+b``: two vectors per chunk (views a and b), a chunk's score the larger cosine (max-sim);
+        # ``v@q``: view v searched with the identifier-split query vectors (``--qsplit``)
+        view, _, qside = v.partition("@")
+        qmat = qv_split if qside == "split" else qv
+        sims = None
+        for part in view.split("+"):
+            texts = [VARIANTS[part](p, c, cfg, counter) for p, c in chunks]
+            shas, got = _vectors(texts, emb, cache)
+            s_ = qmat @ np.array([got[s] for s in shas], dtype=np.float32).T
+            sims = s_ if sims is None else np.maximum(sims, s_)
         lists = []
         for qi, ls in enumerate(base.lists):
             order = np.argsort(-sims[qi], kind="stable")[:200]
