@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -343,3 +344,36 @@ def _with_examples(test):
 @given(ops=OPS)
 def test_random_histories_converge_to_a_fresh_full_index(deps: SyncDeps, tmp_path_factory, ops) -> None:
     _converges(deps, tmp_path_factory.mktemp("prop"), ops)
+
+
+class _StopRead(Exception):
+    pass
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_sync_failing_while_reading_ends_with_its_failure_record(deps: SyncDeps, tmp_path: Path,
+                                                                   attempt: int) -> None:
+    # Issue 20 (sixth pass): the planned job record is written on a thread while the blobs are read; the record
+    # of a sync that fails during the read must still be the failure, never the plan's record landing after it.
+    r = Repo(tmp_path / "r")
+    r.write("a.py", "def alpha():\n    return 1\n")
+    r.write("b.md", "# B\ntext\n")
+    r.commit()
+    src = add_source(deps, r)
+    job_id = "job-" + uuid.uuid4().hex[:12]
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if phase == "read" and done == 1:
+            raise _StopRead("stopped by the test")
+
+    with pytest.raises(_StopRead):
+        run_sync(deps, job_id, [src.id], progress=progress)
+    time.sleep(0.2)  # a late write from the sync's threads would land within this
+    job = deps.records.get_job(job_id)
+    assert job is not None and job.state == "failed" and job.finished_at is not None
+    assert job.files_seen == 2 and job.from_commit == {src.id: None}
+    assert any("stopped by the test" in e for e in job.errors)
+    # nothing was indexed, and the next sync indexes everything
+    again = sync(deps, src)
+    assert again["state"] == "done" and again["files_indexed"] == 2
+    assert paths(deps, src) == {"a.py", "b.md"}
