@@ -154,11 +154,13 @@ def key_from_request(ctx: Context) -> ApiKey:
     return ApiKey.model_validate({**access.claims[_KEY_CLAIM], "key_hash": ""})
 
 
-async def _call(fn: Callable[..., str], *args: Any) -> str:
+async def _call(fn: Callable[..., str], *args: Any, limiter: Any = None) -> str:
     """Run a blocking tool body off the event loop, turning scopekb's errors into tool errors: the caller's
-    (:class:`Refused`) with its message, a dependency down (:class:`Transient`) with "try again later"."""
+    (:class:`Refused`) with its message, a dependency down (:class:`Transient`) with "try again later".
+    ``limiter``: a :class:`scopekb.searchlimit.SearchLimiter` that runs it (the ``search`` tool), else anyio's
+    default thread limiter."""
     try:
-        return await anyio.to_thread.run_sync(fn, *args)
+        return await (limiter.run(fn, *args) if limiter is not None else anyio.to_thread.run_sync(fn, *args))
     except Refused as e:
         raise ToolError(str(e)) from None
     except Transient as e:
@@ -329,7 +331,7 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
                                 metadata=metadata or {})
         except ValidationError as e:
             raise _invalid(e) from None
-        return await _call(_search, key, req, max_tokens)
+        return await _call(_search, key, req, max_tokens, limiter=getattr(rt, "search_limiter", None))
 
 
 def _add_status(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:

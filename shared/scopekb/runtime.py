@@ -31,6 +31,7 @@ from scopekb.errors import Refused, Transient
 from scopekb.indexing import SyncDeps, embed_part
 from scopekb.logging import get_logger
 from scopekb.queue import make_celery, plain_kwargs_repr
+from scopekb.searchlimit import SearchLimiter, search_threads
 from scopekb.settings import Settings, is_embedded
 from scopekb.stores.base import ChunkStore, RecordStore
 from scopekb.stores.opensearch import OpenSearchChunkStore, make_client
@@ -260,6 +261,15 @@ class Runtime(ControlRuntime):
     opensearch_client: Any = None
     _cache: EmbeddingCache | None = None
     _cache_built: bool = False
+    _search_limiter: SearchLimiter | None = None
+
+    @property
+    def search_limiter(self) -> SearchLimiter:
+        """How REST and MCP searches of this process run in threads: at most
+        :func:`scopekb.searchlimit.search_threads` at once (built on first use)."""
+        if self._search_limiter is None:
+            self._search_limiter = SearchLimiter(search_threads(self.settings, self.profile == "embedded"))
+        return self._search_limiter
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

@@ -248,6 +248,12 @@ class QuerySettings(BaseModel):
     #: regex search: characters per pattern, and RE2 program memory in bytes per compiled pattern (400 over one).
     regex_max_length: int = Field(default=512, ge=16, le=4096)
     regex_max_mem: int = Field(default=1 << 20, ge=1 << 16, le=1 << 26)
+    #: Searches (REST ``/v1/search`` and the MCP ``search`` tool) that run in threads at once in one process; the
+    #: others wait on the event loop, holding no thread. 0: :func:`scopekb.http.server.search_threads` (embedded:
+    #: 4 per CPU, at most ``http.worker_threads``; distributed: ``http.worker_threads``). Issue 20: an embedded search
+    #: is CPU work under the GIL (SQLite, the model, Python), and 32 of them in 32 threads cost 15-60% more CPU each
+    #: than 8 in 8 threads (docs/benchmarks.md, ninth pass).
+    search_threads: int = Field(default=0, ge=0, le=1024)
     #: symbol search: candidate chunks examined per request at most.
     symbol_scan_max: int = Field(default=2_000, ge=100, le=100_000)
     #: Seconds within which a key revocation (and a new pinned commit) made by another process or replica applies

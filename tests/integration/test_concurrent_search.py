@@ -140,3 +140,57 @@ def test_concurrent_searches_answer_as_sequential_ones(served: dict[str, Any]) -
         pools = [conn.pool.pool.maxsize for conn in conns]
         assert pools == [served["settings"].http.worker_threads]
         assert served["discards"].count == 0  # every worker thread kept its OpenSearch connection
+
+
+def test_searches_past_the_limit_wait_on_the_event_loop(served: dict[str, Any]) -> None:
+    """Issue 20: 32 searches in flight run in at most ``rt.search_limiter.total`` threads at once (embedded: 4 per
+    CPU, its searches being CPU work under the GIL; distributed: ``http.worker_threads``), every answer still that of
+    the query alone. Each store search is held for 100 ms so the overlap can be seen."""
+    from scopekb.searchlimit import EMBEDDED_SEARCH_THREADS_PER_CPU, _cpus
+
+    rt = served["rt"]
+    total = rt.search_limiter.total
+    if served["profile"] == "embedded":
+        assert total == min(served["settings"].http.worker_threads, EMBEDDED_SEARCH_THREADS_PER_CPU * _cpus())
+    else:
+        assert total == served["settings"].http.worker_threads
+    headers = {"Authorization": f"Bearer {served['key']}"}
+    body = {"query": "shared words alpha", "context_id": "c", "max_results": 5, "mode": "keyword"}
+    with httpx.Client(base_url=served["url"], headers=headers) as c:
+        alone = _answer(c.post("/v1/search", json=body))
+    real = rt.chunks.keyword_search
+    running = most = 0
+    guard = threading.Lock()
+
+    def held(*a: Any, **kw: Any) -> Any:
+        nonlocal running, most
+        with guard:
+            running += 1
+            most = max(most, running)
+        try:
+            time.sleep(0.1)
+            return real(*a, **kw)
+        finally:
+            with guard:
+                running -= 1
+
+    async def main() -> list[httpx.Response]:
+        clients = [httpx.AsyncClient(base_url=served["url"], headers=headers, timeout=120,
+                                     limits=httpx.Limits(max_connections=1)) for _ in range(IN_FLIGHT)]
+        try:
+            return list(await asyncio.gather(*(cl.post("/v1/search", json=body) for cl in clients)))
+        finally:
+            for cl in clients:
+                await cl.aclose()
+
+    rt.chunks.keyword_search = held
+    try:
+        answers = asyncio.run(main())
+    finally:
+        del rt.chunks.keyword_search
+    assert [_answer(r) for r in answers] == [alone] * IN_FLIGHT
+    assert most <= total
+    if served["profile"] == "embedded":
+        assert most == total  # the searches did overlap up to the limit
+    else:  # not held to the embedded bound: a distributed search mostly waits for OpenSearch
+        assert most > EMBEDDED_SEARCH_THREADS_PER_CPU * _cpus()

@@ -13,21 +13,30 @@ from scopekb.auth import resolve_scope
 from scopekb.http.unicode import SafeJSONResponse
 from scopekb.models import SearchRequest, SearchResponse
 from scopekb.refs import CommitNotIndexed
+from scopekb.runtime import Runtime
 from scopekb.search import render_text, run_search
-from scopekb_query.deps import CallerDep, Rt
+from scopekb_query.deps import Caller, CallerDep, Rt
 
 router = APIRouter(tags=["search"])
 
 
 @router.post("/v1/search", response_model=SearchResponse)
-def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt,
-           format: Literal["json", "text"] = "json") -> Any:
+async def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt,
+                 format: Literal["json", "text"] = "json") -> Any:
     """Search within the caller's scope. ``?format=text`` returns the agent text rendering (packed into
     ``max_tokens`` of the embedding model's tokenizer when given); any other format than ``json`` or ``text`` is a
     422 naming the choices. ``group_by: "file"`` gives one result per file. ``ref`` = a full commit id that no ref
     has indexed pins that commit: 202 ``{"status": "pinning", "job_id", ...}``; search again when
     ``GET /v1/jobs/{job_id}`` is done (404 for a commit of no repository of the scope, 429 over
-    ``git.max_pins_per_source``)."""
+    ``git.max_pins_per_source``).
+
+    The search itself runs in a worker thread, at most ``rt.search_limiter.total`` at once
+    (:func:`scopekb.searchlimit.search_threads`); the others wait on the event loop (issue 20)."""
+    return await rt.search_limiter.run(_search, req, request, c, rt, format)
+
+
+def _search(req: SearchRequest, request: Request, c: Caller, rt: Runtime, format: str) -> Any:
+    """The blocking body of :func:`search` (in a worker thread)."""
     request.scope["scopekb_mode"] = req.mode.value
     if c.key is None:
         raise HTTPException(403, "searches need an agent key, not the admin token")

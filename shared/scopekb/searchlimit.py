@@ -1,0 +1,76 @@
+"""How many searches of one process run in threads at once (issue 20): :func:`search_threads` and
+:class:`SearchLimiter`, used by the query app's REST and MCP search (``Runtime.search_limiter``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from scopekb.settings import Settings
+
+#: Search threads per CPU in the embedded profile (:func:`search_threads`). Measured (docs/benchmarks.md, issue 20
+#: ninth pass, 2 CPUs): ``scopekb up`` with 40 threads spent 5.5-6.7 ms of CPU per keyword search at 8 in flight and
+#: 7.6-10.9 ms at 32; with 8 threads 5.9-6.0 and 6.0-6.8 ms.
+EMBEDDED_SEARCH_THREADS_PER_CPU = 4
+
+T = TypeVar("T")
+
+
+def _cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def search_threads(settings: Settings, embedded: bool) -> int:
+    """How many searches of one process run in threads at once: ``query.search_threads`` when > 0; else, in the
+    embedded profile (``embedded``, as :mod:`scopekb.runtime` decides it), :data:`EMBEDDED_SEARCH_THREADS_PER_CPU`
+    × the CPUs this process may run on (at most ``http.worker_threads``), in the distributed one
+    ``http.worker_threads``.
+
+    Why embedded differs: its search is CPU work in this process (SQLite, the local model, Python under the GIL);
+    past a few threads per core, more only add GIL hand-offs and context switches (CPU per search grew 15-60% from
+    8 to 32 threads, issue 20). A distributed search mostly waits for OpenSearch, so it keeps a thread per request.
+    """
+    if settings.query.search_threads > 0:
+        return settings.query.search_threads
+    if embedded:
+        return min(settings.http.worker_threads, EMBEDDED_SEARCH_THREADS_PER_CPU * _cpus())
+    return settings.http.worker_threads
+
+
+class SearchLimiter:
+    """Runs blocking search bodies in worker threads, at most ``total`` at once per event loop (an anyio
+    ``CapacityLimiter`` made on first use on each loop); callers past that wait on the event loop, holding no
+    thread and no lock. The threads come from anyio's pool, so a search also holds a token of the default
+    limiter (``http.worker_threads``) only while it runs.
+
+    Args:
+        total: searches in threads at once (>= 1), e.g. :func:`search_threads`.
+    """
+
+    def __init__(self, total: int) -> None:
+        if total < 1:
+            raise ValueError(f"a search limiter needs at least 1 thread, got {total}")
+        self.total = total
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+
+    def limiter(self) -> Any:
+        """This event loop's ``anyio.CapacityLimiter`` (made on first call on the loop)."""
+        import anyio
+
+        loop = asyncio.get_running_loop()
+        got = self._by_loop.get(loop)
+        if got is None:
+            got = self._by_loop[loop] = anyio.CapacityLimiter(self.total)
+        return got
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread once one of the ``total`` places is free; its result or exception."""
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter())
