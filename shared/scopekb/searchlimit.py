@@ -46,8 +46,8 @@ def search_threads(settings: Settings, embedded: bool) -> int:
 class SearchLimiter:
     """Runs blocking search bodies in worker threads, at most ``total`` at once per event loop (an anyio
     ``CapacityLimiter`` made on first use on each loop); callers past that wait on the event loop, holding no
-    thread and no lock. The threads come from anyio's pool, so a search also holds a token of the default
-    limiter (``http.worker_threads``) only while it runs.
+    thread and no lock. The threads come from anyio's worker-thread pool; a search takes a token of this limiter
+    instead of anyio's default one (``http.worker_threads``, which the app's other blocking routes use).
 
     Args:
         total: searches in threads at once (>= 1), e.g. :func:`search_threads`.
