@@ -249,7 +249,7 @@ class QuerySettings(BaseModel):
     regex_max_length: int = Field(default=512, ge=16, le=4096)
     regex_max_mem: int = Field(default=1 << 20, ge=1 << 16, le=1 << 26)
     #: Searches (REST ``/v1/search`` and the MCP ``search`` tool) that run in threads at once in one process; the
-    #: others wait on the event loop, holding no thread. 0: :func:`scopekb.http.server.search_threads` (embedded:
+    #: others wait on the event loop, holding no thread. 0: :func:`scopekb.searchlimit.search_threads` (embedded:
     #: 4 per CPU, at most ``http.worker_threads``; distributed: ``http.worker_threads``). Issue 20: an embedded search
     #: is CPU work under the GIL (SQLite, the model, Python), and 32 of them in 32 threads cost 15-60% more CPU each
     #: than 8 in 8 threads (docs/benchmarks.md, ninth pass).
