@@ -455,11 +455,6 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
     one fetch; refs no longer tracked (a deleted branch, a pattern no longer matching) lose their membership.
     ``pushed``: the ref the queued job named (a webhook's pushed ref), reported when the ref cap leaves it out."""
     reader = _reader(deps, sources[0])
-    # Issue 20: the refresh before the first ref's plan (it makes earlier jobs' writes searchable) runs while git
-    # fetches and lists the tree, on its own thread; the plan waits for it. Later refs refresh in _sync_ref, after
-    # the writes of the refs synced before them.
-    background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-refresh")
-    refreshed: Future[None] | None = background.submit(deps.chunks.refresh)
     try:
         reader.fetch()
         if isinstance(reader, (ObjectPrefix, FolderPrefix)):
@@ -468,9 +463,8 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
             tracked = {s.id: {s.ref: target} for s in sources}
             trees: dict[str, dict[str, TreeEntry]] = {target: tree}
         else:
-            states = {s.id: _ref_states(deps, s) for s in sources}  # one read per source for both steps
-            tracked = _tracked_refs(deps, job, reader, sources, pushed, states)
-            _add_pins(deps, job, reader, sources, tracked, states)
+            tracked = _tracked_refs(deps, job, reader, sources, pushed)
+            _add_pins(deps, job, reader, sources, tracked)
             trees = {}
         ref_targets = {r: c for t in tracked.values() for r, c in t.items()}
         job.ref_commits = dict(sorted(ref_targets.items()))
@@ -483,13 +477,8 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
                 for reason in reader.dropped.values():  # type: ignore[union-attr]  # not-UTF-8 names
                     job.files_skipped[reason] = job.files_skipped.get(reason, 0) + 1
             group = [s for s in sources if tracked[s.id].get(ref) == target]
-            if refreshed is not None:
-                refreshed.result()
-            _sync_ref(deps, job, reader, group, ref, target, trees[target], progress, verify,
-                      refresh=refreshed is None)
-            refreshed = None
+            _sync_ref(deps, job, reader, group, ref, target, trees[target], progress, verify)
     finally:
-        background.shutdown(wait=True)  # a refresh that failed while git failed: git's error is the one raised
         reader.close()
     for src in sources:  # refs indexed before and not tracked now: their membership goes, chunks no ref uses too
         drop_refs(deps, job, src, set(_ref_states(deps, src)) - set(tracked[src.id]))
@@ -525,14 +514,13 @@ def pin_expired(st: dict[str, Any], now: Any) -> bool:
 
 
 def _add_pins(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source],
-              tracked: dict[str, dict[str, str]], states: dict[str, dict[str, dict[str, Any]]] | None = None) -> None:
+              tracked: dict[str, dict[str, str]]) -> None:
     """Add each source's live pins (issue 23; ref name = the pinned commit id) to ``tracked``. A pin whose commit
     the repository does not have, or whose diff from the nearest indexed ref touches more than
-    ``git.max_pin_files`` files, is dropped with the reason in ``job.errors``. ``states``: source id → its ref
-    states as just read (:func:`_ref_states`; read here when not given)."""
+    ``git.max_pin_files`` files, is dropped with the reason in ``job.errors``."""
     now = utcnow()
     for src in sources:
-        for name, st in (states[src.id] if states else _ref_states(deps, src)).items():
+        for name, st in _ref_states(deps, src).items():
             if not st.get("pinned") or pin_expired(st, now):
                 continue
             why = None
@@ -551,8 +539,8 @@ def _add_pins(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source],
             tracked[src.id][name] = name
 
 
-def _tracked_refs(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source], pushed: str | None = None,
-                  states: dict[str, dict[str, dict[str, Any]]] | None = None) -> dict[str, dict[str, str]]:
+def _tracked_refs(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source],
+                  pushed: str | None = None) -> dict[str, dict[str, str]]:
     """source id -> {ref name: commit} of the refs each source tracks now: those its patterns match
     (:func:`scopekb.refs.match_refs`) under its cap ``git.max_refs_per_source`` (:func:`scopekb.refs.cap_refs`: the
     source's ``ref`` and the refs already indexed always stay). New refs the cap leaves out are named in
@@ -567,8 +555,8 @@ def _tracked_refs(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source
     cap = deps.settings.git.max_refs_per_source
     out: dict[str, dict[str, str]] = {}
     for src in sources:
-        held = states[src.id] if states else _ref_states(deps, src)
-        out[src.id], left_out = cap_refs(match_refs(src.ref_patterns, listed), src.ref, set(held), cap)
+        out[src.id], left_out = cap_refs(match_refs(src.ref_patterns, listed), src.ref, set(_ref_states(deps, src)),
+                                         cap)
         if left_out:
             job.errors.append(_left_out_error(src, left_out, cap, pushed))
             log.warning("refs_left_out", source_id=src.id, left_out=len(left_out), cap=cap, sample=left_out[:5])
@@ -602,33 +590,24 @@ def _put_ref_state(deps: SyncDeps, src: Source, ref: str, value: dict[str, Any] 
 
 
 def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPrefix, sources: list[Source],
-              ref: str, target: str, tree: dict[str, TreeEntry], progress: Progress | None, verify: bool,
-              refresh: bool = True) -> None:
+              ref: str, target: str, tree: dict[str, TreeEntry], progress: Progress | None, verify: bool) -> None:
     """Bring ``ref`` of ``sources`` to ``target``: plan against the ref's last indexed commit (or the nearest
-    indexed ref's, whose membership is copied first), read, write and advance the ref's state. ``refresh=False``:
-    the caller already refreshed the chunk store since the last write of this job (the first ref, see
-    :func:`_sync`)."""
+    indexed ref's, whose membership is copied first), read, write and advance the ref's state."""
     # The ref's plan, its overlay start and its deletions read the store by search: make the writes of the refs
     # synced before it in this job visible first (OpenSearch searches see refreshed writes only).
-    if refresh:
-        deps.chunks.refresh()
+    deps.chunks.refresh()
     plans = [_plan(deps, reader, src, target, tree, verify, ref) for src in sources]
     for plan in plans:
         job.from_commit.setdefault(plan.source.id, plan.from_commit)
+    deps.records.put_job(job)
     wanted = sorted({p for plan in plans for p in plan.to_index})
     job.files_seen += len(wanted)
-    # Issue 20: the planned job record is written on a thread while the blobs are read (a write costs an fsync
-    # on the node, 10-50 ms); the copy is taken here, and the write has finished before anything else is written.
-    recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-job-record")
-    recorded = recorder.submit(deps.records.put_job, job.model_copy(deep=True))
     uploads = BlobUploads(deps.blobs)
     try:
         held = frozenset(b for plan in plans for b in plan.held)
         prepared = _read_and_store(deps, reader, tree, wanted, job, progress, uploads, held)
-        recorded.result()
         _write_ref(deps, job, plans, prepared, ref, target, progress, uploads)
     finally:
-        recorder.shutdown(wait=True)  # also when the read failed: the failure's own record comes after this one
         uploads.close()
 
 
@@ -682,13 +661,12 @@ def _write_ref(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str,
             _put_ref_state(deps, plan.source, ref, {**plan.state, "writing": None})
 
 
-def _nearest_ref(deps: SyncDeps, reader: Mirror, src: Source, ref: str, target: str,
-                 states: dict[str, dict[str, Any]] | None = None) -> tuple[str, str, int] | None:
+def _nearest_ref(deps: SyncDeps, reader: Mirror, src: Source, ref: str,
+                 target: str) -> tuple[str, str, int] | None:
     """The indexed ref of ``src`` (clean: no sync died writing it) whose commit differs least from ``target``
-    (fewest changed paths), as ``(name, commit, changed paths)``; None when there is none. ``states``: the
-    source's ref states as just read (read here when not given)."""
+    (fewest changed paths), as ``(name, commit, changed paths)``; None when there is none."""
     best: tuple[int, str, str] | None = None
-    for name, st in (_ref_states(deps, src) if states is None else states).items():
+    for name, st in _ref_states(deps, src).items():
         commit = st.get("commit")
         if name == ref or st.get("writing") or not commit or not reader.has_commit(commit):
             continue
@@ -701,8 +679,7 @@ def _nearest_ref(deps: SyncDeps, reader: Mirror, src: Source, ref: str, target: 
 def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Source, target: str,
           tree: dict[str, TreeEntry], verify: bool = False, ref: str | None = None) -> _Plan:
     ref = ref or src.ref
-    states = _ref_states(deps, src)
-    state = dict(states.get(ref, {}))
+    state = _ref_states(deps, src).get(ref, {})
     writing = state.pop("writing", None)
     retry = [p for p in state.pop("failed", None) or () if isinstance(p, str)]  # failed at the last sync
     last = state.get("commit")
@@ -714,7 +691,7 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
     if git and not last and not writing and not verify:
         # A ref never indexed (issue 23): start from the nearest indexed ref of the source - its chunks of every
         # path the diff does not touch join this ref as they are, the diff is indexed like a push.
-        near = _nearest_ref(deps, reader, src, ref, target, states)  # type: ignore[arg-type]
+        near = _nearest_ref(deps, reader, src, ref, target)  # type: ignore[arg-type]
         if near is not None:
             plan.copy_from, last = near[0], near[1]
             usable = True
