@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +17,9 @@ BUSY_TIMEOUT_MS = 30_000
 
 class Connections:
     """One SQLite connection per thread (and per process: a forked child opens its own) to one file, all closed
-    by :meth:`close`."""
+    by :meth:`close`. The connection of a thread that has ended is closed when another thread opens one: worker
+    pools (anyio's threads end after 10 s idle) would otherwise leave a connection, two file descriptors, per
+    thread they ever ran until the process hits its open-file limit."""
 
     def __init__(self, path: Path) -> None:
         if str(path) == ":memory:":
@@ -25,6 +28,7 @@ class Connections:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
+        self._owner: dict[int, weakref.ref[threading.Thread]] = {}  # id(conn) -> the thread that opened it
         self._guard = threading.Lock()
         #: Serialises this process's writers (SQLite has one writer; BEGIN IMMEDIATE covers other processes).
         self.write_lock = threading.RLock()
@@ -43,7 +47,17 @@ class Connections:
             conn.create_function("scopekb_glob", 2, glob_match, deterministic=True)
             self._local.conn, self._local.pid = conn, os.getpid()
             with self._guard:
+                ended = [c for c in self._all if not _alive(self._owner.get(id(c)))]
+                for c in ended:
+                    self._all.remove(c)
+                    self._owner.pop(id(c), None)
                 self._all.append(conn)
+                self._owner[id(conn)] = weakref.ref(threading.current_thread())
+            for c in ended:  # its thread is gone, so nothing uses it
+                try:
+                    c.close()
+                except sqlite3.Error:  # pragma: no cover - closing is best effort
+                    pass
         return conn
 
     @contextmanager
@@ -75,12 +89,18 @@ class Connections:
     def close(self) -> None:
         with self._guard:
             conns, self._all = self._all, []
+            self._owner = {}
         for c in conns:
             try:
                 c.close()
             except sqlite3.Error:  # pragma: no cover - closing is best effort
                 pass
         self._local = threading.local()
+
+
+def _alive(ref: weakref.ref[threading.Thread] | None) -> bool:
+    thread = ref() if ref is not None else None
+    return thread is not None and thread.is_alive()
 
 
 def table_exists(conn: sqlite3.Connection, name: str) -> bool:
