@@ -265,10 +265,21 @@ class FolderPrefix:
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.root = Path(root)
-        self.base = self.root / bucket / self.prefix
+        # a stored source's bucket/prefix never leave the documents folder (an absolute bucket such as '/tmp', or
+        # '..', from a record made before SourceCreate checked bucket names): such a source reads and writes nothing
+        pieces = [bucket, *self.prefix.strip("/").split("/")] if self.prefix else [bucket]
+        if any(p in ("", ".", "..") or "/" in p or "\0" in p for p in pieces):
+            self.base = self.root / ".refused-location"
+            self.refused = True
+        else:
+            self.base = self.root / bucket / self.prefix
+            self.refused = False
         self._paths: dict[str, Path] = {}
 
     def _path(self, rel: str) -> Path:
+        if self.refused:
+            raise ValueError(f"bucket {self.bucket[:100]!r} / prefix {self.prefix[:100]!r} is not a location under "
+                             "the documents folder")
         rel = rel.lstrip("/")
         parts = rel.split("/")
         if not rel or any(p in ("", ".", "..") for p in parts) or any(ord(c) < 32 for c in rel):

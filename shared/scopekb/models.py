@@ -123,6 +123,11 @@ def ref_name_problem(name: str, glob: bool) -> str | None:
 #: Longest repo_url (characters), bucket (characters) and prefix (UTF-8 bytes) a new source may have; see
 #: :meth:`SourceCreate._bounded_location`.
 SOURCE_LOCATION_LIMITS = {"repo_url": 2048, "bucket": 63, "prefix": 1024}
+#: Longest local repository path (characters): Linux's PATH_MAX.
+LOCAL_PATH_LIMIT = 4096
+#: An S3 bucket name (AWS S3 bucket naming rules: 3-63 characters, lowercase letters, digits, '.' and '-',
+#: beginning and ending with a letter or digit; adjacent periods are refused separately).
+_S3_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 
 
 class SourceCreate(Scope):
@@ -199,11 +204,18 @@ class SourceCreate(Scope):
         # characters git hosts' URLs fit in, so a caller cannot grow the ingester's URL-key cache without bound.
         if cls is not SourceCreate or v is None:
             return v
+        if "\x00" in v:
+            raise ValueError(f"{info.field_name} must not hold a NUL character")
         limit = SOURCE_LOCATION_LIMITS[info.field_name]
+        if info.field_name == "repo_url" and v.strip().startswith(("/", "file://")):
+            limit = LOCAL_PATH_LIMIT  # a local path (PATH_MAX); never cached by URL key
         size = len(v.encode("utf-8", "surrogatepass")) if info.field_name == "prefix" else len(v)
         if size > limit:
             unit = "bytes" if info.field_name == "prefix" else "characters"
             raise ValueError(f"{info.field_name} is {size} {unit}; at most {limit} are allowed")
+        if info.field_name == "bucket" and (not _S3_BUCKET_RE.match(v) or ".." in v):
+            raise ValueError("bucket must be an S3 bucket name: 3-63 lowercase letters, digits, '.' and '-', "
+                             "starting and ending with a letter or digit")
         return v
 
     @field_validator("repo_name")
