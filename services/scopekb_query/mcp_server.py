@@ -331,7 +331,7 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
                                 metadata=metadata or {})
         except ValidationError as e:
             raise _invalid(e) from None
-        return await _call(_search, key, req, max_tokens, limiter=getattr(rt, "search_limiter", None))
+        return await _call(_search, key, req, max_tokens, limiter=rt.search_limiter)
 
 
 def _add_status(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:

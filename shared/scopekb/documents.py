@@ -28,6 +28,7 @@ from pathlib import Path
 from minio import Minio
 from minio.error import S3Error
 
+from scopekb.errors import Refused
 from scopekb.gitrepo import TreeEntry
 from scopekb.settings import S3Settings, Settings
 
@@ -265,21 +266,10 @@ class FolderPrefix:
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.root = Path(root)
-        # a stored source's bucket/prefix never leave the documents folder (an absolute bucket such as '/tmp', or
-        # '..', from a record made before SourceCreate checked bucket names): such a source reads and writes nothing
-        pieces = [bucket, *self.prefix.strip("/").split("/")] if self.prefix else [bucket]
-        if any(p in ("", ".", "..") or "/" in p or "\0" in p for p in pieces):
-            self.base = self.root / ".refused-location"
-            self.refused = True
-        else:
-            self.base = self.root / bucket / self.prefix
-            self.refused = False
+        self.base = self.root / bucket / self.prefix
         self._paths: dict[str, Path] = {}
 
     def _path(self, rel: str) -> Path:
-        if self.refused:
-            raise ValueError(f"bucket {self.bucket[:100]!r} / prefix {self.prefix[:100]!r} is not a location under "
-                             "the documents folder")
         rel = rel.lstrip("/")
         parts = rel.split("/")
         if not rel or any(p in ("", ".", "..") for p in parts) or any(ord(c) < 32 for c in rel):
@@ -340,7 +330,15 @@ def document_prefix(settings: Settings, bucket: str | None, prefix: str,
 
     Raises:
         scopekb.settings.S3NotConfigured: S3 is to be used but no credentials are set.
+        scopekb.errors.Refused: 409, ``bucket`` is a path ('/' in it, '.' or '..') or holds NUL, or ``prefix`` holds
+            NUL (a source stored before :func:`scopekb.models.bucket_name_problem` was checked).
     """
+    # a source stored before SourceCreate checked bucket names (scopekb.models.bucket_name_problem) keeps a bucket
+    # its server accepted, but never one that is a path: '/tmp' or '..' would leave local_root in the embedded
+    # profile, and NUL reaches no S3 client or file name
+    if bucket and (bucket in (".", "..") or "/" in bucket or "\0" in bucket) or "\0" in prefix:
+        raise Refused("this source's location cannot be used (its bucket is a path or its bucket or prefix holds "
+                      "NUL); register it again with an S3 bucket name", 409)
     bucket = bucket or settings.s3.bucket
     if local_root is not None:
         return FolderPrefix(local_root, bucket, prefix)

@@ -130,6 +130,17 @@ LOCAL_PATH_LIMIT = 4096
 _S3_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 
 
+def bucket_name_problem(name: str) -> str | None:
+    """Why ``name`` is not an S3 bucket name (AWS S3 bucket naming rules: 3-63 characters, lowercase letters,
+    digits, '.' and '-', beginning and ending with a letter or digit, no adjacent periods), or None when it is."""
+    if len(name) > SOURCE_LOCATION_LIMITS["bucket"]:
+        return f"bucket is {len(name)} characters; at most {SOURCE_LOCATION_LIMITS['bucket']} are allowed"
+    if not _S3_BUCKET_RE.match(name) or ".." in name:
+        return ("bucket must be an S3 bucket name: 3-63 lowercase letters, digits, '.' and '-', starting and ending "
+                "with a letter or digit")
+    return None
+
+
 class SourceCreate(Scope):
     """A git repository + ref, or an object-store prefix, bound to one scope (a request to register a source).
 
@@ -213,9 +224,9 @@ class SourceCreate(Scope):
         if size > limit:
             unit = "bytes" if info.field_name == "prefix" else "characters"
             raise ValueError(f"{info.field_name} is {size} {unit}; at most {limit} are allowed")
-        if info.field_name == "bucket" and (not _S3_BUCKET_RE.match(v) or ".." in v):
-            raise ValueError("bucket must be an S3 bucket name: 3-63 lowercase letters, digits, '.' and '-', "
-                             "starting and ending with a letter or digit")
+        problem = bucket_name_problem(v) if info.field_name == "bucket" else None
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("repo_name")

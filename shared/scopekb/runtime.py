@@ -262,6 +262,7 @@ class Runtime(ControlRuntime):
     _cache: EmbeddingCache | None = None
     _cache_built: bool = False
     _search_limiter: SearchLimiter | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def search_limiter(self) -> SearchLimiter:
@@ -270,7 +271,6 @@ class Runtime(ControlRuntime):
         if self._search_limiter is None:
             self._search_limiter = SearchLimiter(search_threads(self.settings, self.profile == "embedded"))
         return self._search_limiter
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def embed_cache(self) -> EmbeddingCache | None:

@@ -27,8 +27,8 @@ class Connections:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._owner: dict[int, weakref.ref[threading.Thread]] = {}  # id(conn) -> the thread that opened it
+        #: every open connection -> the thread that opened it
+        self._all: dict[sqlite3.Connection, weakref.ref[threading.Thread]] = {}
         self._guard = threading.Lock()
         #: Serialises this process's writers (SQLite has one writer; BEGIN IMMEDIATE covers other processes).
         self.write_lock = threading.RLock()
@@ -47,12 +47,10 @@ class Connections:
             conn.create_function("scopekb_glob", 2, glob_match, deterministic=True)
             self._local.conn, self._local.pid = conn, os.getpid()
             with self._guard:
-                ended = [c for c in self._all if not _alive(self._owner.get(id(c)))]
+                ended = [c for c, owner in self._all.items() if not _alive(owner)]
                 for c in ended:
-                    self._all.remove(c)
-                    self._owner.pop(id(c), None)
-                self._all.append(conn)
-                self._owner[id(conn)] = weakref.ref(threading.current_thread())
+                    del self._all[c]
+                self._all[conn] = weakref.ref(threading.current_thread())
             for c in ended:  # its thread is gone, so nothing uses it
                 try:
                     c.close()
@@ -88,8 +86,7 @@ class Connections:
 
     def close(self) -> None:
         with self._guard:
-            conns, self._all = self._all, []
-            self._owner = {}
+            conns, self._all = list(self._all), {}
         for c in conns:
             try:
                 c.close()
@@ -98,8 +95,8 @@ class Connections:
         self._local = threading.local()
 
 
-def _alive(ref: weakref.ref[threading.Thread] | None) -> bool:
-    thread = ref() if ref is not None else None
+def _alive(ref: weakref.ref[threading.Thread]) -> bool:
+    thread = ref()
     return thread is not None and thread.is_alive()
 
 
