@@ -84,6 +84,18 @@ def cached_caller(rt: Runtime, authorization: str) -> Caller | None:
 CallerDep = Annotated[Caller, Depends(caller)]
 
 
+def agent_key_of(c: Caller, rt: Runtime, what: str) -> ApiKey:
+    """The agent key of ``c``, checked again (:meth:`scopekb.auth.KeyLookup.live`) where the blocking body of a
+    route starts: a request may wait for a worker thread after :func:`caller` looked its key up, and a key revoked
+    meanwhile must not be served (issue 20 hostile review). ``what``: the request kind, for the 403 naming it
+    ("searches", "reads"). Raises ``HTTPException`` 403 for the admin token, 401 for a key revoked meanwhile."""
+    if c.key is None:
+        raise HTTPException(403, f"{what} need an agent key, not the admin token")
+    if not rt.keys.live(c.key):
+        raise HTTPException(401, "unknown or revoked key", headers={"WWW-Authenticate": "Bearer"})
+    return c.key
+
+
 async def admin_only(c: CallerDep, rt: Rt) -> Caller:
     """The admin caller; 403 when the admin API is disabled or the caller holds an agent key."""
     if rt.settings.query.admin_token is None:

@@ -32,7 +32,7 @@ from starlette.authentication import AuthCredentials
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scopekb import ops
-from scopekb.auth import ApiKey, KeyLookup, Unauthenticated, resolve_scope
+from scopekb.auth import ApiKey, KeyLookup, Unauthenticated, hash_key, resolve_scope
 from scopekb.errors import Refused, Transient
 from scopekb.logging import configure_logging, get_logger
 from scopekb.models import (
@@ -151,16 +151,23 @@ def key_from_request(ctx: Context) -> ApiKey:
         access = get_access_token()
     if access is None or not access.claims or _KEY_CLAIM not in access.claims:
         raise ToolError("not authenticated: an agent key is required")
-    return ApiKey.model_validate({**access.claims[_KEY_CLAIM], "key_hash": ""})
+    return ApiKey.model_validate({**access.claims[_KEY_CLAIM], "key_hash": hash_key(access.token)})
 
 
-async def _call(fn: Callable[..., str], *args: Any, limiter: Any = None) -> str:
-    """Run a blocking tool body off the event loop, turning scopekb's errors into tool errors: the caller's
-    (:class:`Refused`) with its message, a dependency down (:class:`Transient`) with "try again later".
-    ``limiter``: a :class:`scopekb.searchlimit.SearchLimiter` that runs it (the ``search`` tool), else anyio's
-    default thread limiter."""
+async def _call(rt: Runtime, fn: Callable[..., str], key: ApiKey, *args: Any, limiter: Any = None) -> str:
+    """Run a blocking tool body ``fn(key, *args)`` off the event loop, turning scopekb's errors into tool errors:
+    the caller's (:class:`Refused`) with its message, a dependency down (:class:`Transient`) with "try again later".
+    ``key`` is checked again (:meth:`scopekb.auth.KeyLookup.live`) once the body has its thread, so a key revoked
+    while the call waited for one is refused. ``limiter``: a :class:`scopekb.searchlimit.SearchLimiter` that runs
+    it (the ``search`` tool), else anyio's default thread limiter."""
+
+    def body() -> str:
+        if not rt.keys.live(key):
+            raise Unauthenticated("unknown or revoked key")
+        return fn(key, *args)
+
     try:
-        return await (limiter.run(fn, *args) if limiter is not None else anyio.to_thread.run_sync(fn, *args))
+        return await (limiter.run(body) if limiter is not None else anyio.to_thread.run_sync(body))
     except Refused as e:
         raise ToolError(str(e)) from None
     except Transient as e:
@@ -331,7 +338,7 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
                                 metadata=metadata or {})
         except ValidationError as e:
             raise _invalid(e) from None
-        return await _call(_search, key, req, max_tokens, limiter=rt.search_limiter)
+        return await _call(rt, _search, key, req, max_tokens, limiter=rt.search_limiter)
 
 
 def _add_status(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
@@ -365,7 +372,7 @@ def _add_status(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
     ) -> str:
         """The sources this key may see, each with its state (READY / PARTIAL / INDEXING / EMPTY / ERROR), documents,
         chunks and the indexed commit."""
-        return await _call(_status, key_of(ctx), context_id)
+        return await _call(rt, _status, key_of(ctx), context_id)
 
 
 def _add_index(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
@@ -388,7 +395,7 @@ def _add_index(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
                                         description="The source to sync (see the status tool)")],
     ) -> str:
         """Queue a sync of one source this key may use to its ref's current commit; returns the job id."""
-        return await _call(_index, key_of(ctx), source_id)
+        return await _call(rt, _index, key_of(ctx), source_id)
 
 
 def _add_read(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
@@ -428,7 +435,7 @@ def _add_read(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
                               context_id=context_id, cross_context=cross_context)
         except ValidationError as e:
             raise _invalid(e) from None
-        return await _call(_read, key, req)
+        return await _call(rt, _read, key, req)
 
 
 def source_status(rt: Runtime, src: Source) -> dict[str, Any]:

@@ -147,8 +147,17 @@ class KeyLookup:
         """The live key for ``token``, or None for an empty, unknown or revoked key. Store errors propagate."""
         if not token:
             return None
+        return self._by_hash(hash_key(token))
+
+    def live(self, key: ApiKey) -> bool:
+        """Whether ``key`` (as an earlier lookup of this or another replica returned it, with its ``key_hash``) is
+        still live: the same cached check as :meth:`__call__`, for a request that waited (e.g. for a search thread,
+        :class:`scopekb.searchlimit.SearchLimiter`) after its key was looked up, so a key revoked meanwhile is not
+        served (issue 20 hostile review). Store errors propagate."""
+        return bool(key.key_hash) and self._by_hash(key.key_hash) is not None
+
+    def _by_hash(self, h: str) -> ApiKey | None:
         self._follow_version()
-        h = hash_key(token)
         now = time.monotonic()
         with self._mu:
             cached = self._cache.get(h)

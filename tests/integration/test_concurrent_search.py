@@ -194,3 +194,78 @@ def test_searches_past_the_limit_wait_on_the_event_loop(served: dict[str, Any]) 
         assert most == total  # the searches did overlap up to the limit
     else:  # not held to the embedded bound: a distributed search mostly waits for OpenSearch
         assert most > EMBEDDED_SEARCH_THREADS_PER_CPU * _cpus()
+
+
+def test_a_key_revoked_while_its_search_waits_for_a_thread_is_refused(served: dict[str, Any]) -> None:
+    """Hostile review (issue 20): a search that had passed its key check and then waited for a search thread was
+    answered after its key was revoked. With one search thread held busy, a REST search and an MCP search of a
+    second key wait; the key is revoked; once the thread is free each is refused (401, and the MCP tool's error),
+    while the first key's held search is answered."""
+    import httpx2
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    from scopekb.searchlimit import SearchLimiter
+
+    rt = served["rt"]
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    made = httpx.post(served["url"] + "/v1/keys", headers=admin,
+                      json={"agent_name": "conc", "context_ids": ["c"]}).json()
+    body = {"query": "shared words alpha", "context_id": "c", "max_results": 5, "mode": "keyword"}
+    first = {"Authorization": f"Bearer {served['key']}"}
+    second = {"Authorization": f"Bearer {made['key']}"}
+    with httpx.Client(base_url=served["url"], headers=second) as c:  # the second key works, and is cached
+        alone = _answer(c.post("/v1/search", json=body))
+        hit = c.post("/v1/search", json=body).json()["hits"][0]
+        assert c.get("/v1/read", params={"path": hit["path"], "blob_sha": hit["blob_sha"]}).status_code == 200
+    real = rt.chunks.keyword_search
+    entered, release = threading.Event(), threading.Event()
+
+    def held(*a: Any, **kw: Any) -> Any:
+        entered.set()
+        assert release.wait(60)
+        return real(*a, **kw)
+
+    def waiting() -> int:
+        return sum(lim.statistics().tasks_waiting for lim in list(rt.search_limiter._by_loop.values()))
+
+    async def mcp_search() -> Any:
+        async with httpx2.AsyncClient(headers=second, timeout=60) as hc:
+            async with streamable_http_client(served["url"] + "/mcp", http_client=hc) as (rs, ws):
+                async with ClientSession(rs, ws) as session:
+                    await session.initialize()
+                    return await session.call_tool("search", {"query": "shared words alpha", "mode": "keyword"})
+
+    out: dict[str, Any] = {}
+
+    def run(name: str, fn: Any) -> threading.Thread:
+        t = threading.Thread(target=lambda: out.__setitem__(name, fn()), daemon=True)
+        t.start()
+        return t
+
+    saved = rt._search_limiter
+    rt._search_limiter = SearchLimiter(1)
+    rt.chunks.keyword_search = held
+    try:
+        threads = [run("held", lambda: httpx.post(served["url"] + "/v1/search", headers=first, json=body,
+                                                  timeout=60))]
+        assert entered.wait(30)
+        threads += [run("rest", lambda: httpx.post(served["url"] + "/v1/search", headers=second, json=body,
+                                                   timeout=60)),
+                    run("mcp", lambda: asyncio.run(mcp_search()))]
+        deadline = time.monotonic() + 30
+        while waiting() < 2:
+            assert time.monotonic() < deadline, "the two searches of the second key did not queue"
+            time.sleep(0.02)
+        assert httpx.delete(served["url"] + f"/v1/keys/{made['id']}", headers=admin).status_code == 200
+        release.set()
+        for t in threads:
+            t.join(60)
+    finally:
+        release.set()
+        del rt.chunks.keyword_search
+        rt._search_limiter = saved
+    assert _answer(out["held"]) == alone
+    assert out["rest"].status_code == 401, out["rest"].text
+    assert out["rest"].json()["detail"] == "unknown or revoked key"
+    assert out["mcp"].is_error and "unknown or revoked key" in out["mcp"].content[0].text

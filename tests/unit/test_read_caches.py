@@ -65,6 +65,20 @@ def test_embedded_lookup_ttl_bounds_a_revocation_by_another_process() -> None:
     assert look.answered("unknown") == (False, None)  # never looked up: the caller must do the I/O
 
 
+def test_live_checks_a_key_looked_up_earlier_through_the_same_cache() -> None:
+    """``KeyLookup.live`` (a request that waited for a thread after its lookup, issue 20 hostile review): the cached
+    answer without I/O, the revocation once the cache forgets, and a key without its hash is never live."""
+    store = _Keys()
+    store.add("t3")
+    look = KeyLookup(store, ttl_s=60)
+    key = look("t3")
+    assert key is not None and look.live(key) and store.finds == 1  # answered from memory
+    store.add("t3", revoked=True)
+    look.forget()  # what ops.revoke_key does in this process
+    assert not look.live(key)
+    assert not look.live(key.model_copy(update={"key_hash": ""}))
+
+
 class _Records:
     def __init__(self, sources: list[Source], states: dict[str, dict[str, Any]]) -> None:
         self.sources, self.states, self.lists = sources, states, 0

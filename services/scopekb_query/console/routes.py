@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from scopekb.auth import ApiKey, AuthError, resolve_scope, tokens_equal
 from scopekb.errors import Refused
 from scopekb.logging import get_logger
-from scopekb.models import Job, SearchRequest, Source, SourceCreate
+from scopekb.models import LOCAL_PATH_LIMIT, Job, SearchRequest, Source, SourceCreate
 from scopekb.render import validation_message, why_line
 from scopekb.runtime import Runtime
 from scopekb.search import SearchUnavailable, run_search
@@ -218,8 +218,8 @@ class Console:
                    sync: Annotated[str, Form()] = "") -> Response:
         """Register a git source; with ``sync`` set, enqueue its first sync and show that job."""
         viewer = self.admin_form(request, csrf)
-        form = {"agent_name": agent_name, "context_id": context_id, "repo_url": repo_url, "ref": ref,
-                "repo_name": repo_name}
+        form = _refill({"agent_name": agent_name, "context_id": context_id, "repo_url": repo_url, "ref": ref,
+                        "repo_name": repo_name})
         try:
             body = SourceCreate(kind="git", agent_name=agent_name.strip(), context_id=context_id.strip(),
                                 repo_url=repo_url.strip(), ref=ref.strip() or "main",
@@ -329,8 +329,9 @@ class Console:
         q = request.query_params
         form = {k: q.get(k, "") for k in ("q", "mode", "agent", "context", "cross", "files", "languages",
                                            "repo", "ref", "source", "max")}
+        echo = _refill(form)  # the page shows the form again; the search reads what was sent
         agents = sorted({s.agent_name for s in self.visible_sources(viewer)})
-        ctx = dict(form=form, agents=agents, resp=None, error=None, lines={},
+        ctx = dict(form=echo, agents=agents, resp=None, error=None, lines={},
                    contexts=viewer.key.context_ids if viewer.key else None,
                    modes=["keyword", "vector", "hybrid"], can_embed=self.rt.embedder is not None)
         if form["q"].strip():
@@ -414,6 +415,19 @@ def _lines(text: str) -> list[str]:
 
 def _split(text: str) -> list[str]:
     return _lines(text)
+
+
+#: Longest form value a console page shows again in its form (characters): the longest any field accepts (a local
+#: repository path, :data:`scopekb.models.LOCAL_PATH_LIMIT`; a query, ``SearchRequest.query``). A longer one is
+#: refused anyway; echoing it would make the answer as large as the request (hostile review: a 314 KB repo_url came
+#: back whole in the 422 page).
+ECHO_LIMIT = LOCAL_PATH_LIMIT
+
+
+def _refill(form: dict[str, str]) -> dict[str, str]:
+    """``form`` for a page to show again: each value of at most :data:`ECHO_LIMIT` characters as sent, a longer
+    one emptied (its error names the bound)."""
+    return {k: v if len(v) <= ECHO_LIMIT else "" for k, v in form.items()}
 
 
 def _reason(e: Exception) -> str:

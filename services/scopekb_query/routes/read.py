@@ -12,7 +12,7 @@ from scopekb.auth import resolve_scope
 from scopekb.models import ReadRequest, ReadResult
 from scopekb.reading import result_bytes
 from scopekb.render import validation_message
-from scopekb_query.deps import CallerDep, Rt
+from scopekb_query.deps import CallerDep, Rt, agent_key_of
 
 router = APIRouter(tags=["read"])
 
@@ -39,8 +39,7 @@ def read(c: CallerDep, rt: Rt,
 
     Every bad argument is a 422 of one shape, ``{"detail": "<argument>: <reason>"}`` (hostile review 2, H8: the
     arguments are parsed by :class:`ReadRequest`, not by FastAPI, whose 422 is a list)."""
-    if c.key is None:
-        raise HTTPException(403, "reads need an agent key, not the admin token")
+    key = agent_key_of(c, rt, "reads")
     if format not in ("json", "raw"):
         raise HTTPException(422, "format: Input should be 'json' or 'raw'")
     try:
@@ -49,7 +48,7 @@ def read(c: CallerDep, rt: Rt,
         req = ReadRequest.model_validate({k: v for k, v in args.items() if v is not None})  # absent: "required"
     except ValidationError as e:
         raise HTTPException(422, validation_message(e.errors(include_url=False))) from None
-    scope = resolve_scope(c.key, req.context_id, req.cross_context)  # Refused (401/403/400) -> its status
+    scope = resolve_scope(key, req.context_id, req.cross_context)  # Refused (401/403/400) -> its status
     res = ops.read(rt, scope, req)  # NotFound 404, Refused 422/409
     if format == "raw":
         return Response(result_bytes(res), media_type="application/octet-stream")

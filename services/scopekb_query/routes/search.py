@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic_core import PydanticSerializationError
 
@@ -15,7 +15,7 @@ from scopekb.models import SearchRequest, SearchResponse
 from scopekb.refs import CommitNotIndexed
 from scopekb.runtime import Runtime
 from scopekb.search import render_text, run_search
-from scopekb_query.deps import Caller, CallerDep, Rt
+from scopekb_query.deps import Caller, CallerDep, Rt, agent_key_of
 
 router = APIRouter(tags=["search"])
 
@@ -38,9 +38,8 @@ async def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt,
 def _search(req: SearchRequest, request: Request, c: Caller, rt: Runtime, format: str) -> Any:
     """The blocking body of :func:`search` (in a worker thread)."""
     request.scope["scopekb_mode"] = req.mode.value
-    if c.key is None:
-        raise HTTPException(403, "searches need an agent key, not the admin token")
-    scope = resolve_scope(c.key, req.context_id, req.cross_context)  # Refused (401/403/400) -> its status
+    key = agent_key_of(c, rt, "searches")  # checked again: the request may have waited for its thread
+    scope = resolve_scope(key, req.context_id, req.cross_context)  # Refused (401/403/400) -> its status
     try:
         resp = run_search(rt.chunks, req, scope, rt.settings.query,  # SearchUnavailable is Refused: 400
                           embed=rt.embed_query if rt.embedder is not None else None, records=rt.records)

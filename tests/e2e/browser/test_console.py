@@ -263,6 +263,26 @@ def test_every_state_changing_request_without_csrf_is_403(console_stack: Console
                 assert anon.post(url, data={**fields, "csrf": csrf}).status_code == 403, url
 
 
+def refused_form_values_come_back_bounded(stack: ConsoleStack, token: str = ADMIN_TOKEN) -> None:
+    """The sources form refused for an oversized clone URL and the search page given an oversized query show their
+    forms again without the oversized value (hostile review: a 314 KB repo_url came back whole in the 422 page),
+    the values within bounds as sent."""
+    client, csrf = stack.session(token)
+    huge = "https://example.invalid/" + "a" * 300_000
+    with closing(client):
+        r = client.post("/console/sources", data={"csrf": csrf, "agent_name": "echo-agent", "context_id": "c",
+                                                  "repo_url": huge})
+        assert r.status_code == 422 and "repo_url" in r.text
+        assert len(r.text) < 60_000 and "a" * 5000 not in r.text
+        assert 'value="echo-agent"' in r.text  # a value within its bound is kept for the next try
+        r = client.get("/console/search", params={"q": "q" * 5000, "agent": "echo-agent"})
+        assert r.status_code == 200 and "q" * 4097 not in r.text
+
+
+def test_refused_form_values_come_back_bounded(console_stack: ConsoleStack) -> None:
+    refused_form_values_come_back_bounded(console_stack)
+
+
 def httpx_client(stack: ConsoleStack) -> Any:
     import httpx
 

@@ -16,7 +16,7 @@ from selenium.webdriver.common.by import By
 from tests.e2e.conftest import _wait_http, free_port, start_procs, stop_procs
 
 from .conftest import ConsoleStack, make_repo
-from .test_console import add_source, sign_in, wait_job_state
+from .test_console import add_source, refused_form_values_come_back_bounded, sign_in, wait_job_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 ADMIN = "embedded-console-" + uuid.uuid4().hex
@@ -63,3 +63,7 @@ def test_embedded_console_indexes_searches_and_reports_health(chrome: Any, embed
     assert items["index (sqlite)"].startswith("ok") and items["coordination (memory)"].startswith("ok"), items
     assert "embedded profile" in driver.find_element(By.CLASS_NAME, "foot").text
     shot(driver, "e3-embedded-health")
+
+
+def test_embedded_refused_form_values_come_back_bounded(embedded: ConsoleStack) -> None:
+    refused_form_values_come_back_bounded(embedded, ADMIN)
