@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from scopekb.settings import Settings
@@ -43,6 +43,11 @@ def search_threads(settings: Settings, embedded: bool) -> int:
     return settings.http.worker_threads
 
 
+class Abandoned(Exception):
+    """A search whose caller went away while it waited for a thread (:meth:`SearchLimiter.run` with ``gone``): it
+    was not run. Services answer it with status 499 (the client closed the request), which nobody receives."""
+
+
 class SearchLimiter:
     """Runs blocking search bodies in worker threads, at most ``total`` at once per event loop (an anyio
     ``CapacityLimiter`` made on first use on each loop); callers past that wait on the event loop, holding no
@@ -58,6 +63,7 @@ class SearchLimiter:
             raise ValueError(f"a search limiter needs at least 1 thread, got {total}")
         self.total = total
         self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+        self._threads: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
     def limiter(self) -> Any:
         """This event loop's ``anyio.CapacityLimiter`` (made on first call on the loop)."""
@@ -69,8 +75,32 @@ class SearchLimiter:
             got = self._by_loop[loop] = anyio.CapacityLimiter(self.total)
         return got
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a worker thread once one of the ``total`` places is free; its result or exception."""
+    def _thread_limiter(self) -> Any:
+        # the threads of searches that took their token of limiter() themselves: as many, so never a wait
+        import anyio
+
+        loop = asyncio.get_running_loop()
+        got = self._threads.get(loop)
+        if got is None:
+            got = self._threads[loop] = anyio.CapacityLimiter(self.total)
+        return got
+
+    async def run(self, fn: Callable[..., T], *args: Any, gone: Callable[[], Awaitable[bool]] | None = None) -> T:
+        """``fn(*args)`` in a worker thread once one of the ``total`` places is free; its result or exception.
+
+        ``gone``: asked once, after a wait for a place, whether the caller went away meanwhile (e.g. Starlette's
+        ``Request.is_disconnected``); if so ``fn`` is not run and :class:`Abandoned` is raised, so searches
+        abandoned in the queue do not take the threads of those still waited for (hostile review: a burst of
+        disconnected searches all ran). A search that got its place at once is not asked."""
         import anyio.to_thread
 
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter())
+        lim = self.limiter()
+        if gone is None or lim.available_tokens >= 1:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=lim)
+        await lim.acquire()
+        try:
+            if await gone():
+                raise Abandoned("the caller went away while the search waited for a thread")
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self._thread_limiter())
+        finally:
+            lim.release()

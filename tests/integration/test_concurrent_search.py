@@ -269,3 +269,67 @@ def test_a_key_revoked_while_its_search_waits_for_a_thread_is_refused(served: di
     assert out["rest"].status_code == 401, out["rest"].text
     assert out["rest"].json()["detail"] == "unknown or revoked key"
     assert out["mcp"].is_error and "unknown or revoked key" in out["mcp"].content[0].text
+
+
+def test_a_search_whose_client_left_while_it_waited_is_not_run(served: dict[str, Any]) -> None:
+    """Hostile review (issue 20): searches whose clients had disconnected while they waited for a search thread
+    still ran, each taking a thread from the searches still waited for. With the one search thread held, a search
+    is sent on a raw connection that is then closed; once the thread is free that search is not run (the store
+    sees only the held one), and the next search is answered as before."""
+    import json
+
+    from scopekb.searchlimit import SearchLimiter
+
+    rt = served["rt"]
+    body = {"query": "shared words alpha", "context_id": "c", "max_results": 5, "mode": "keyword"}
+    headers = {"Authorization": f"Bearer {served['key']}"}
+    with httpx.Client(base_url=served["url"], headers=headers) as c:
+        alone = _answer(c.post("/v1/search", json=body))
+    real = rt.chunks.keyword_search
+    entered, release = threading.Event(), threading.Event()
+    calls = [0]
+
+    def held(*a: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        entered.set()
+        assert release.wait(60)
+        return real(*a, **kw)
+
+    def waiting() -> int:
+        return sum(lim.statistics().tasks_waiting for lim in list(rt.search_limiter._by_loop.values()))
+
+    out: dict[str, Any] = {}
+    saved = rt._search_limiter
+    rt._search_limiter = SearchLimiter(1)
+    rt.chunks.keyword_search = held
+    try:
+        t = threading.Thread(target=lambda: out.__setitem__("held", httpx.post(
+            served["url"] + "/v1/search", headers=headers, json=body, timeout=60)), daemon=True)
+        t.start()
+        assert entered.wait(30)
+        data = json.dumps(body).encode()
+        host, port = served["url"].removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as raw:
+            raw.sendall(b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        + f"Authorization: Bearer {served['key']}\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+                        + data)
+            deadline = time.monotonic() + 30
+            while waiting() < 1:
+                assert time.monotonic() < deadline, "the raw connection's search did not queue"
+                time.sleep(0.02)
+        time.sleep(0.2)  # the server reads the close
+        release.set()
+        t.join(60)
+        deadline = time.monotonic() + 30
+        while waiting() > 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.3)  # a search that got the thread has reached the store by now
+        assert calls[0] == 1  # only the held search reached the store
+    finally:
+        release.set()
+        del rt.chunks.keyword_search
+        rt._search_limiter = saved
+    assert _answer(out["held"]) == alone
+    with httpx.Client(base_url=served["url"], headers=headers) as c:
+        assert _answer(c.post("/v1/search", json=body)) == alone

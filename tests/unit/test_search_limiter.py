@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from scopekb.searchlimit import EMBEDDED_SEARCH_THREADS_PER_CPU, SearchLimiter, _cpus, search_threads
+from scopekb.searchlimit import EMBEDDED_SEARCH_THREADS_PER_CPU, Abandoned, SearchLimiter, _cpus, search_threads
 from scopekb.settings import Settings
 
 
@@ -67,3 +67,38 @@ def test_a_body_that_raises_raises_in_its_caller_and_frees_its_place() -> None:
         return await asyncio.wait_for(lim.run(str, 7), timeout=10)  # the one place was given back
 
     assert asyncio.run(main()) == "7"
+
+
+def test_a_caller_gone_while_it_waited_is_not_run_and_its_place_goes_to_the_next() -> None:
+    """Hostile review (issue 20): searches whose clients disconnected in the queue all ran. With ``gone``, a caller
+    that waited is asked once it has a place; gone, its body is not run (Abandoned), and the place is released for
+    the next. A caller that gets a place at once is not asked."""
+    lim = SearchLimiter(1)
+    ran: list[str] = []
+    asked: list[str] = []
+    release = threading.Event()
+
+    def body(name: str) -> str:
+        if name == "first":
+            assert release.wait(10)
+        ran.append(name)
+        return name
+
+    def gone_as(name: str, answer: bool):  # noqa: ANN202
+        async def gone() -> bool:
+            asked.append(name)
+            return answer
+        return gone
+
+    async def main() -> list[object]:
+        first = asyncio.create_task(lim.run(body, "first", gone=gone_as("first", False)))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.create_task(lim.run(body, n, gone=gone_as(n, n == "gone"))) for n in ("gone", "kept")]
+        await asyncio.sleep(0.05)
+        release.set()
+        return list(await asyncio.gather(first, *queued, return_exceptions=True))
+
+    got = asyncio.run(main())
+    assert got[0] == "first" and isinstance(got[1], Abandoned) and got[2] == "kept"
+    assert ran == ["first", "kept"]
+    assert asked == ["gone", "kept"]  # the first had its place at once

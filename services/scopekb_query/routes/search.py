@@ -15,9 +15,12 @@ from scopekb.models import SearchRequest, SearchResponse
 from scopekb.refs import CommitNotIndexed
 from scopekb.runtime import Runtime
 from scopekb.search import render_text, run_search
+from scopekb.searchlimit import Abandoned
 from scopekb_query.deps import Caller, CallerDep, Rt, agent_key_of
 
 router = APIRouter(tags=["search"])
+#: nginx's status for "the client closed the request" (logged and counted, never received).
+CLIENT_CLOSED_REQUEST = 499
 
 
 @router.post("/v1/search", response_model=SearchResponse)
@@ -31,8 +34,12 @@ async def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt,
     ``git.max_pins_per_source``).
 
     The search itself runs in a worker thread, at most ``rt.search_limiter.total`` at once
-    (:func:`scopekb.searchlimit.search_threads`); the others wait on the event loop (issue 20)."""
-    return await rt.search_limiter.run(_search, req, request, c, rt, format)
+    (:func:`scopekb.searchlimit.search_threads`); the others wait on the event loop (issue 20), and one whose client
+    disconnected while it waited is not run (status 499 in the access log and metrics)."""
+    try:
+        return await rt.search_limiter.run(_search, req, request, c, rt, format, gone=request.is_disconnected)
+    except Abandoned:  # the client went away while the search waited: nothing was run, nobody reads this
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
 def _search(req: SearchRequest, request: Request, c: Caller, rt: Runtime, format: str) -> Any:
