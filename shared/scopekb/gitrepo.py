@@ -41,6 +41,31 @@ class CommitNotFound(GitError):
     """The commit is not in the mirror (never pushed, or gone after a force push and gc)."""
 
 
+#: Longest cause :func:`git_cause` gives (characters).
+GIT_CAUSE_LIMIT = 400
+_GIT_STDERR = re.compile(r"^\s*stderr: '(.*)'\s*$", re.S)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]+")
+
+
+def git_cause(e: git.GitCommandError) -> str:
+    """The cause of a failed git command in one line of at most :data:`GIT_CAUSE_LIMIT` characters: its stderr
+    without GitPython's ``stderr: '...'`` wrapper, the lines up to and including the first ``fatal:`` or
+    ``error:`` line joined with "; " (so "ssh: connect to host ... Connection refused; fatal: Could not read from
+    remote repository." rather than git's closing advice "and the repository exists."), control characters
+    dropped (the text comes from a remote host). Without stderr, GitPython's own message (exit code, a timeout)."""
+    raw = e.stderr if isinstance(e.stderr, str) else ""
+    m = _GIT_STDERR.match(raw)
+    lines = [ln.strip() for ln in (m.group(1) if m else raw).replace("\r", "\n").splitlines() if ln.strip()]
+    first = next((i for i, ln in enumerate(lines) if ln.startswith(("fatal:", "error:"))), None)
+    if first is not None:
+        lines = lines[:first + 1]
+    elif lines:
+        lines = lines[-1:]
+    text = "; ".join(lines) or " ".join(str(e).split())
+    text = _CONTROL.sub(" ", text)
+    return text if len(text) <= GIT_CAUSE_LIMIT else text[:GIT_CAUSE_LIMIT - 1] + "…"
+
+
 @dataclass(frozen=True, slots=True)
 class TreeEntry:
     """One file of a commit's tree: ``mode`` (e.g. 100644), object id, size in bytes (None for gitlinks)."""
@@ -168,8 +193,7 @@ class Mirror:
                                "origin", "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"],
                               env=env, kill_after_timeout=self.timeout_s)
             except git.GitCommandError as e:
-                msg = (e.stderr or str(e)).strip().splitlines()
-                raise GitError(f"git fetch of {self.repo_url} failed: {msg[-1] if msg else e}") from None
+                raise GitError(f"git fetch of {self.repo_url} failed: {git_cause(e)}") from None
         self._repo = None
 
     @property

@@ -47,6 +47,8 @@ def test_exhausted_retries_park_a_dead_letter_that_can_be_replayed(worker_module
     parked = list_dead_letters(rt)
     assert [d.id for d in parked] == [job_id] and parked[0].kwargs["source_ids"] == [src.id]
     assert "git fetch" in parked[0].error
+    # git's own cause, without GitPython's "stderr: '...'" wrapper (scopekb.gitrepo.git_cause)
+    assert f"failed: fatal: repository '{tmp_path / 'gone'}' does not exist" in parked[0].error, parked[0].error
     job = rt.records.get_job(job_id)
     assert job is not None and job.state.value == "failed" and any("dead letter" in e for e in job.errors)
 
