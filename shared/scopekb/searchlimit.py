@@ -67,22 +67,19 @@ class SearchLimiter:
 
     def limiter(self) -> Any:
         """This event loop's ``anyio.CapacityLimiter`` (made on first call on the loop)."""
-        import anyio
-
-        loop = asyncio.get_running_loop()
-        got = self._by_loop.get(loop)
-        if got is None:
-            got = self._by_loop[loop] = anyio.CapacityLimiter(self.total)
-        return got
+        return self._on_loop(self._by_loop)
 
     def _thread_limiter(self) -> Any:
         # the threads of searches that took their token of limiter() themselves: as many, so never a wait
+        return self._on_loop(self._threads)
+
+    def _on_loop(self, table: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]) -> Any:
         import anyio
 
         loop = asyncio.get_running_loop()
-        got = self._threads.get(loop)
+        got = table.get(loop)
         if got is None:
-            got = self._threads[loop] = anyio.CapacityLimiter(self.total)
+            got = table[loop] = anyio.CapacityLimiter(self.total)
         return got
 
     async def run(self, fn: Callable[..., T], *args: Any, gone: Callable[[], Awaitable[bool]] | None = None) -> T:
