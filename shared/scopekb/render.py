@@ -476,7 +476,13 @@ def _first_only(resp: SearchResponse, first: _Block, rest: int, nonce: str, tail
     for q, notes in tries:
         if counter.count(text(q, notes, 0)) <= max_tokens:
             return text(q, notes, 0)
-    need = counter.count(text(None, False, 1))
+    # The count of this answer's fence lines depends on its nonce (an all-digit one counts 5 estimated tokens, a
+    # mixed one 12; a word-piece tokenizer splits hex in many ways), and the next answer draws another nonce and
+    # names another budget: the budget named here holds with any nonce (each of its characters one token at most,
+    # both fences) and any number of that many digits.
+    worst = 2 * max(0, 2 * NONCE_BYTES - (counter.count(nonce) - counter.count("")))
+    need = counter.count(text(None, False, 1)) + worst
+    need += len(str(need)) + 1
     small = (f"Budget: {int(max_tokens)} tokens is too small to show a result: the first one's header and first "
              f"line need {need}; ask again with max_tokens of at least {need}.")
     short = (f"Budget: {int(max_tokens)} tokens is too small to show a result; ask again with max_tokens of at "

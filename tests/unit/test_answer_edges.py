@@ -113,3 +113,19 @@ def test_a_more_match_note_counts_the_results_the_text_shows(budget: int, n: int
         shown = sum(ln.startswith("<<<chunk-") for ln in text.splitlines())
         assert f"than the {n} result{'s' if n != 1 else ''} found" in notes[0], text
         assert (f", {shown} of them shown within the token budget" in notes[0]) == (shown < n), text
+
+
+def test_the_budget_named_holds_whatever_nonce_the_next_answer_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The smallest budget an answer names ("ask again with max_tokens of at least N") was computed with that
+    answer's own fence nonce: after an all-digit nonce (5 estimated tokens a fence instead of 12) the next answer,
+    at N, with a mixed nonce, showed no line (about 1 in 500 runs of the test above)."""
+    import scopekb.render as render
+
+    nonces = iter(["111111111111", "a1b2c3d4e5f6"])
+    monkeypatch.setattr(render.secrets, "token_hex", lambda _n: next(nonces))
+    counter = EstimateCounter()
+    text = render_text(answer([hit(0), hit(1), hit(2)]), MIN_ANSWER_TOKENS, counter)
+    need = int(text.split("at least ")[1].rstrip("."))
+    again = render_text(answer([hit(0), hit(1), hit(2)]), need, counter)
+    assert "a1b2c3d4e5f6" in again and "value_0 = compute_something" in again, again
+    assert counter.count(again) <= need
