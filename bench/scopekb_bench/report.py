@@ -298,11 +298,15 @@ def publish_sets(dest: Path, data: dict[str, Any]) -> None:
 
 
 def publish(out: Path, dest: Path, data: dict[str, Any]) -> None:
-    """Copy report.md and the plots to ``dest`` (replacing what was there), with results.json minus the raw
-    per-request latencies and per-query scores (they stay in bench/results/)."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
+    """Copy report.md and the plots to ``dest`` (replacing the committed run's report.md, results.json and
+    plots; a plot this run did not make is removed), with results.json minus the raw per-request latencies and
+    per-query scores (they stay in bench/results/). Other files there (the reports of single issues,
+    ``issue*``, and folders) are kept: a full run used to delete them."""
+    dest.mkdir(parents=True, exist_ok=True)
+    made = {p.name for p in out.iterdir() if p.suffix in (".md", ".png")}
+    for old in dest.glob("*.png"):
+        if old.name not in made:
+            old.unlink()
     for p in out.iterdir():
         if p.suffix in (".md", ".png"):
             shutil.copy2(p, dest / p.name)

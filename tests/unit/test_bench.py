@@ -179,3 +179,23 @@ def test_job_poll_interval_grows_with_the_wait_and_is_capped() -> None:
     assert poll_interval(60.0) == 0.5
     for waited in (0.5, 3.0, 7.0, 30.0, 600.0):
         assert poll_interval(waited) <= max(0.1, waited / 20) + 1e-12
+
+
+def test_publish_replaces_the_run_and_keeps_the_reports_of_single_issues(tmp_path: Path) -> None:
+    """``bench/run --publish`` replaced bench/report/ whole, deleting the committed issue reports beside it."""
+    from scopekb_bench.report import publish
+
+    out, dest = tmp_path / "out", tmp_path / "report"
+    out.mkdir()
+    (dest / "issue20").mkdir(parents=True)
+    (dest / "issue20" / "report-x.md").write_text("kept")
+    (dest / "issue19-x.json").write_text("{}")
+    (dest / "gone.png").write_bytes(b"old plot")
+    (dest / "report.md").write_text("old")
+    (out / "report.md").write_text("new")
+    (out / "ratios.png").write_bytes(b"plot")
+    publish(out, dest, {"metrics": [], "series": {}, "meta": {}})
+    assert (dest / "report.md").read_text() == "new" and (dest / "ratios.png").exists()
+    assert (dest / "issue20" / "report-x.md").read_text() == "kept" and (dest / "issue19-x.json").exists()
+    assert not (dest / "gone.png").exists()
+    assert json.loads((dest / "results.json").read_text())["metrics"] == []
