@@ -20,6 +20,7 @@ import os
 import re
 import stat
 import unicodedata
+import uuid
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from html.parser import HTMLParser
@@ -149,6 +150,32 @@ def html_text(html: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
+#: Longest document name accepted by an upload (characters), below S3's 1,024-byte object key with a prefix.
+MAX_DOCUMENT_NAME = 900
+#: The names an older embedded folder gave its partial writes (``<name>.tmp<pid>``); its listing skips them.
+_PARTIAL_WRITE = re.compile(r"\.tmp[0-9]+$")
+
+
+def document_name_problem(rel: str) -> str | None:
+    """Why ``rel`` cannot name an uploaded document (a path below a source's prefix, ``runbooks/x.md``), or None.
+
+    One rule for both profiles (hostile review 3): at most :data:`MAX_DOCUMENT_NAME` characters, no control
+    characters, no empty, ``.`` or ``..`` segment (``a//b.md``, ``dir/``, ``a/./b.md``: S3 stored ``dir/`` as a
+    folder marker that was never indexed and refused ``.`` with a 500; the embedded folder refused all three
+    with a 500), and no last segment ending in ``.tmp<digits>`` (the embedded folder's old partial-write names,
+    which its listing skips)."""
+    if len(rel) > MAX_DOCUMENT_NAME:
+        return f"name is {len(rel)} characters; at most {MAX_DOCUMENT_NAME} are allowed"
+    if not rel or any(ord(c) < 32 or ord(c) == 127 for c in rel):
+        return "name must be a non-empty relative path without control characters"
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "name must be a relative path of plain segments (no '..', '.', empty segment or trailing '/')"
+    if _PARTIAL_WRITE.search(parts[-1]):
+        return "names ending in '.tmp' and digits are reserved for partial writes"
+    return None
+
+
 def extraction(path: str) -> str | None:
     """The text extraction a document at ``path`` needs, by its suffix: ``"pdf"``, ``"html"`` (``.html``,
     ``.htm``), or None when its bytes are its text."""
@@ -271,9 +298,9 @@ class FolderPrefix:
 
     def _path(self, rel: str) -> Path:
         rel = rel.lstrip("/")
-        parts = rel.split("/")
-        if not rel or any(p in ("", ".", "..") for p in parts) or any(ord(c) < 32 for c in rel):
-            raise ValueError(f"document path {rel[:100]!r} is not a plain relative path")
+        problem = document_name_problem(rel)
+        if problem:
+            raise ValueError(f"document path {rel[:100]!r}: {problem}")
         return self.base / rel
 
     def tree(self) -> dict[str, TreeEntry]:
@@ -286,7 +313,7 @@ class FolderPrefix:
             for name in filenames:
                 full = Path(dirpath) / name
                 st = full.lstat()
-                if not stat.S_ISREG(st.st_mode) or ".tmp" in name:
+                if not stat.S_ISREG(st.st_mode) or _PARTIAL_WRITE.search(name):
                     continue
                 rel = full.relative_to(self.base).as_posix()
                 raw = hashlib.sha1(b"folder:" + hashlib.sha256(full.read_bytes()).digest()).hexdigest()
@@ -311,9 +338,17 @@ class FolderPrefix:
         """
         p = self._path(rel)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + f".tmp{os.getpid()}")
-        tmp.write_bytes(data)
-        tmp.replace(p)
+        # Written beside the bucket folders (no bucket name starts with '.'), never inside a listed tree: a
+        # document whose name held ".tmp" (``release.tmpl.md``) was skipped by the listing and never indexed.
+        partial = self.root / ".partial"
+        partial.mkdir(parents=True, exist_ok=True)
+        tmp = partial / f"{os.getpid()}-{uuid.uuid4().hex}"
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(p)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return self.prefix + rel.lstrip("/")
 
     def fetch(self) -> None:

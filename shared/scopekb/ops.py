@@ -25,6 +25,7 @@ from typing import Any
 from scopekb import overlays
 from scopekb.auth import ApiKey, new_key
 from scopekb.coordination import keys
+from scopekb.documents import document_name_problem
 from scopekb.errors import NotFound, Refused, Transient
 from scopekb.gitrepo import Mirror, mirror_path
 from scopekb.logging import get_logger
@@ -149,8 +150,9 @@ def upload_document(rt: Runtime, source_id: str, name: str, data: bytes, content
     if src.kind != "s3":
         raise Refused("documents can only be uploaded to an object-store (s3) source")
     rel = name.strip().lstrip("/")
-    if not rel or ".." in rel.split("/") or any(ord(c) < 32 for c in rel) or len(rel) > 900:
-        raise Refused("name must be a relative path without '..' or control characters", 422)
+    problem = document_name_problem(rel)  # one rule for S3 and the embedded folder
+    if problem:
+        raise Refused(problem, 422)
     if len(data) > rt.settings.ingester.max_body_bytes * UPLOAD_BODY_FACTOR:
         raise Refused("document too large", 413)
     key = rt.documents(src.bucket, src.prefix or "").put(

@@ -230,3 +230,26 @@ def test_document_upload_to_an_object_store_source(api: dict[str, Any]) -> None:
     assert c.post(f"/v1/sources/{sid}/documents?name=../x.md", content=b"x").status_code == 422
     git_src = _register(api)
     assert c.post(f"/v1/sources/{git_src['id']}/documents?name=a.md", content=b"x").status_code == 400
+
+
+def test_document_names_are_one_rule_and_every_accepted_name_is_indexed(api: dict[str, Any]) -> None:
+    """Hostile review 3: ``a//b.md``, ``dir/``, ``.`` and ``a/./b.md`` gave 500s in the embedded profile (and
+    ``.``/``a/./b.md`` in the distributed one, where ``dir/`` became a folder marker never indexed); now 422 in
+    both. An accepted name holding ".tmp" (``release.tmpl.md``) was skipped by the embedded folder's listing
+    and never indexed; it is searchable in both."""
+    c = api["client"]
+    r = c.post("/v1/sources", json={"agent_name": "prof", "context_id": "names", "kind": "s3", "prefix": "n"})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    for bad in ("a//b.md", "dir/", ".", "a/./b.md", "x.md.tmp123", "a" * 901):
+        got = c.post(f"/v1/sources/{sid}/documents", params={"name": bad}, content=b"# x\n")
+        assert got.status_code == 422, (bad, got.status_code, got.text)
+    up = c.post(f"/v1/sources/{sid}/documents", params={"name": "release.tmpl.md"},
+                content=b"# Release\nquorvane template notes\n", headers={"content-type": "text/markdown"})
+    assert up.status_code == 202, up.text
+    from scopekb.indexing import run_sync
+
+    run_sync(api["rt"].sync_deps(), "names-" + uuid.uuid4().hex[:8], [sid], trigger="upload")  # no worker here
+    key = c.post("/v1/keys", json={"agent_name": "prof", "context_ids": ["names"]}).json()["key"]
+    hits = c.post("/v1/search", json={"query": "quorvane"}, headers={"Authorization": f"Bearer {key}"}).json()
+    assert [h["path"] for h in hits.get("hits", [])] == ["release.tmpl.md"], hits
