@@ -311,7 +311,9 @@ def parse_bitbucket(event: str, data: dict[str, Any]) -> Parsed:
     as a ping; every other event ``ignored`` with a reason.
 
     A branch deletion has ``new: null``; a creation ``old: null``. Bitbucket sends short or full hashes; full
-    40-hex hashes are required here (Bitbucket Cloud's ``target.hash`` is the full id).
+    40-hex hashes are required here (Bitbucket Cloud's ``target.hash`` is the full id). Several changes of one
+    ref are one push (the first ``old``, the last ``new``), in the order the refs first appear: each push
+    becomes a sync job.
     """
     repo_obj = _obj(data, "repository") if event == "repo:push" else (_opt_obj(data, "repository") or {})
     links = repo_obj.get("links") if isinstance(repo_obj.get("links"), dict) else {}
@@ -334,7 +336,7 @@ def parse_bitbucket(event: str, data: dict[str, Any]) -> Parsed:
     changes = push.get("changes")
     if not isinstance(changes, list):
         raise BadRequest("push has no changes list")
-    out = []
+    out: dict[str, PushEvent] = {}  # one push per ref (hostile review 3: 500 changes of one ref were 500 jobs)
     for ch in changes:
         if not isinstance(ch, dict):
             raise BadRequest("push change must be an object")
@@ -350,9 +352,10 @@ def parse_bitbucket(event: str, data: dict[str, Any]) -> Parsed:
             t = side.get("target")
             return _sha(t.get("hash") if isinstance(t, dict) else None, label)
 
-        out.append(PushEvent(ref=prefix + ref_of["name"], before=target(old, "old.target.hash"),
-                             after=target(new, "new.target.hash")))
-    return Parsed("push", repo, tuple(out), owner=owner)
+        ref = prefix + ref_of["name"]
+        before = out[ref].before if ref in out else target(old, "old.target.hash")
+        out[ref] = PushEvent(ref=ref, before=before, after=target(new, "new.target.hash"))  # the last change wins
+    return Parsed("push", repo, tuple(out.values()), owner=owner)
 
 
 @dataclass(frozen=True)

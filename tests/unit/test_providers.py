@@ -68,3 +68,15 @@ def test_malformed_payloads_are_bad_requests(name: str, payload: dict) -> None:
              "bitbucket": "repo:push"}[name]
     with pytest.raises(BadRequest):
         prov.parse(event, payload)
+
+
+def test_bitbucket_changes_of_one_ref_are_one_push() -> None:
+    """Hostile review 3: a signed repo:push listing 500 changes of ``main`` queued 500 sync jobs of that ref."""
+    def change(name: str, old: str | None, new: str | None) -> dict[str, object]:
+        side = lambda h: None if h is None else {"name": name, "type": "branch", "target": {"hash": h}}  # noqa: E731
+        return {"old": side(old), "new": side(new)}
+
+    changes = [change("main", A, B)] + [change("main", B, B)] * 498 + [change("dev", None, A), change("main", B, A)]
+    data = {"repository": {"full_name": "o/r"}, "push": {"changes": changes}}
+    pushes = PROVIDERS["bitbucket"].parse("repo:push", data).pushes
+    assert [(p.ref, p.before, p.after) for p in pushes] == [("refs/heads/main", A, A), ("refs/heads/dev", ZERO, A)]
