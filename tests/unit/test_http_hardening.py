@@ -349,3 +349,49 @@ def test_route_limits_pick_the_most_specific_rule() -> None:
     assert limits.route("/v1/sources/src_1/documents", "GET").max_bytes == 10
     assert limits.route("/v1/sources/src_1/sync", "POST").max_bytes == 10
     assert limits.route("/v1/search", "POST").max_bytes == 10
+
+
+def test_a_request_head_over_the_cap_is_refused_even_when_it_arrives_whole() -> None:
+    """Hostile review 3: h11 bounds only an incomplete head, so a 100 KB header sent in one write was served
+    (200) with ``http.max_header_bytes`` at 16 KiB. Now 431; a head within the cap with a body in the same write
+    reaches the app."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from scopekb.http.server import uvicorn_options
+    from scopekb.settings import HttpSettings
+
+    app, _ = make_app()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **uvicorn_options(HttpSettings())))
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    t.start()
+
+    def ask(raw: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            c.sendall(raw)
+            out = b""
+            while chunk := c.recv(65536):
+                out += chunk
+            return out
+
+    try:
+        for _ in range(100):
+            if server.started:
+                break
+            time.sleep(0.05)
+        big = ask(b"GET /page HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 100_000 + b"\r\nConnection: close\r\n\r\n")
+        assert big.startswith(b"HTTP/1.1 431 "), big[:100]
+        body = b"x" * 60_000  # a small head and a body bigger than the head cap in one write: the app judges it
+        ok = ask(b"GET /page HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 60000\r\n\r\n" + body)
+        assert ok.startswith(b"HTTP/1.1 413 ") and b"body larger than" in ok, ok[:100]  # make_app's body cap
+        near = ask(b"GET /page HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-A: " + b"a" * 15_000 + b"\r\n\r\n")
+        assert near.startswith(b"HTTP/1.1 200 "), near[:100]
+    finally:
+        server.should_exit = True
+        t.join(10)

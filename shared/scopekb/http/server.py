@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from scopekb.settings import HttpSettings, get_settings
@@ -21,12 +22,36 @@ PROTOCOL = "scopekb.http.server:HeaderTimeoutH11Protocol"
 
 
 class HeaderTimeoutH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a bound on the time a connection may take to send a request's headers.
+    """uvicorn's h11 protocol with a bound on the time a connection may take to send a request's headers, and on
+    the size of a request head that arrives whole (:meth:`data_received`).
 
     The bound is ``header_timeout_s`` when set on a subclass, else ``http.header_timeout_s`` of the settings.
     """
 
     header_timeout_s: float | None = None
+
+    def data_received(self, data: bytes) -> None:
+        """Refuse (431, connection closed) a request head longer than ``h11_max_incomplete_event_size``
+        (``http.max_header_bytes``) even when it arrives whole: h11 bounds only a head still incomplete, so a
+        100 KB head sent in one write was served (hostile review 3; up to asyncio's 256 KiB read size)."""
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            limit = self.config.h11_max_incomplete_event_size
+            if limit is not None:
+                buffered = self.conn.trailing_data[0]
+                if len(buffered) + len(data) > limit:
+                    head = buffered + data
+                    end = head.find(b"\r\n\r\n")
+                    if end > limit:
+                        self._refuse_head(limit)
+                        return
+        super().data_received(data)
+
+    def _refuse_head(self, limit: int) -> None:
+        body = f"request head larger than {limit} bytes (http.max_header_bytes)".encode()
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; "
+                             b"charset=utf-8\r\nconnection: close\r\ncontent-length: " + str(len(body)).encode()
+                             + b"\r\n\r\n" + body)
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
