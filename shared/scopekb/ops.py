@@ -117,6 +117,10 @@ def remove_source(rt: Runtime, source_id: str) -> int:
     rt.records.delete(overlays.KIND, source_id)
     rt.records.delete("sources", source_id)
     rt.coord.bump_sources_version()
+    # Once more, after the record: a sync that still saw the source wrote before it looked, and one that looks
+    # later finds it gone and deletes what it wrote (scopekb.indexing._drop_removed_sources; hostile review 3).
+    rt.chunks.refresh()
+    deleted += rt.chunks.delete_source(source_id)
     log.info("source_removed", source_id=source_id, chunks_deleted=deleted)
     return deleted
 

@@ -253,3 +253,33 @@ def test_document_names_are_one_rule_and_every_accepted_name_is_indexed(api: dic
     key = c.post("/v1/keys", json={"agent_name": "prof", "context_ids": ["names"]}).json()["key"]
     hits = c.post("/v1/search", json={"query": "quorvane"}, headers={"Authorization": f"Bearer {key}"}).json()
     assert [h["path"] for h in hits.get("hits", [])] == ["release.tmpl.md"], hits
+
+
+def test_a_source_removed_while_it_syncs_leaves_no_chunks(api: dict[str, Any]) -> None:
+    """Hostile review 3: ``DELETE /v1/sources/{id}`` during the source's sync deleted the chunks written so far;
+    the sync went on and left the rest (22,500 of 30,000 embedded) searchable with no source to remove. The sync
+    now deletes what it wrote for a source removed meanwhile and says so (state partial)."""
+    from scopekb import ops
+    from scopekb.indexing import run_sync
+
+    c, rt, repo = api["client"], api["rt"], api["repo"]
+    for i in range(700):  # 4 write batches of 200 files: the removal comes after the first
+        (repo / f"m{i}.py").write_text(f"def removed_marker_{i}():\n    return 'zelqorith'\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "many")
+    sid = _register(api)["id"]
+    removed: list[int] = []
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if stage == "index" and not removed:
+            removed.append(ops.remove_source(rt, sid))
+
+    job = run_sync(rt.sync_deps(), "rm-" + uuid.uuid4().hex[:8], [sid], trigger="cli", progress=progress)
+    assert removed  # the removal happened mid-sync
+    assert c.get(f"/v1/sources/{sid}").status_code == 404
+    key = c.post("/v1/keys", json={"agent_name": "prof", "context_ids": None}).json()["key"]
+    hits = c.post("/v1/search", json={"query": "zelqorith", "cross_context": True, "max_results": 5},
+                  headers={"Authorization": f"Bearer {key}"}).json()
+    assert hits["hits"] == [], [h["path"] for h in hits["hits"]]
+    assert rt.chunks.delete_source(sid) == 0  # nothing of it left to delete
+    assert job.state.value == "partial" and any("removed during this sync" in e for e in job.errors), job.errors
