@@ -130,44 +130,59 @@ def top_k(conn: sqlite3.Connection, terms: Sequence[str], weights: Sequence[floa
         return []
     idfs = {t: idf(n_rows, df[t]) for t in present}
     order = sorted(present, key=lambda t: (df[t], t))
+    bound = {t: idfs[t] * (K1 + 1.0) for t in present}  # the most a word adds to a row's score
     rest = [0.0] * (len(order) + 1)  # rest[j]: sum of the bounds of order[j:]
     for j in range(len(order) - 1, -1, -1):
-        rest[j] = rest[j + 1] + idfs[order[j]] * (K1 + 1.0)
+        rest[j] = rest[j + 1] + bound[order[j]]
     w = ", ".join(str(float(x)) for x in weights)
-    full = " OR ".join('"' + t + '"' for t in present)
-    # rows of the whole OR query that hold a rare word: FTS5 advances the common words' doclists to those rows only
-    # (an AND seeks), and bm25() scores those rows only. The rare words are phrases twice in that query, so their
-    # terms count twice: the second query gives their sum per row, subtracted below.
-    both = (f"SELECT chunks_fts.rowid, -bm25(chunks_fts, {w}) FROM chunks_fts CROSS JOIN chunks c"
-            f" ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? AND {where}")
-    rare_only = f"SELECT rowid, -bm25(chunks_fts, {w}) FROM chunks_fts WHERE chunks_fts MATCH ?"
+    # The rows holding a word of order[i:j] and none of order[:i], with their whole score, in two FTS5 queries
+    # whose phrases are each counted once: those that also hold another word (an AND, so FTS5 advances the other
+    # words' doclists to these rows only and bm25() scores these rows only) and those that hold no other word
+    # (a NOT). A phrase under NOT or absent from a row adds 0.0 to its bm25(); the phrases are summed in another
+    # order than in the single query, so these scores may differ from it in the last bits (the page is rescored
+    # exactly below).
+    sql = (f"SELECT chunks_fts.rowid, -bm25(chunks_fts, {w}) FROM chunks_fts CROSS JOIN chunks c"
+           f" ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? AND {where}")
     if len(order) < 2:  # one word: nothing to leave out
         return None
     cum = [0]
     for t in order:
         cum.append(cum[-1] + df[t])
 
-    def attempt(j: int) -> tuple[dict[int, float], float]:
-        rare = " OR ".join('"' + t + '"' for t in order[:j])
-        part = dict(conn.execute(both, [f"({full}) AND ({rare})", *args]).fetchall())
-        if part:
-            twice = dict(conn.execute(rare_only, [rare]).fetchall())
-            part = {r: s - twice.get(r, 0.0) for r, s in part.items()}
-        return part, (heapq.nlargest(k, part.values())[-1] if len(part) >= k else -math.inf)
+    def _or(ws: Sequence[str]) -> str:
+        return "(" + " OR ".join('"' + t + '"' for t in ws) + ")"
+
+    part: dict[int, float] = {}
+
+    def attempt(i: int, j: int, kth: float) -> float:
+        new = _or(order[i:j])
+        if i > 0:
+            new = f"({new} NOT {_or(order[:i])})"
+        others = [t for t in order if t not in order[i:j]]
+        if others:
+            part.update(conn.execute(sql, [f"{new} AND {_or(others)}", *args]).fetchall())
+            # a row holding only words of order[i:j] scores at most their bounds: when those are below the k-th
+            # score already read, none of these rows can reach the page (nor tie it): not read
+            if not kth > sum(bound[t] for t in order[i:j]) * (1 + _SLACK) + _SLACK:
+                part.update(conn.execute(sql, [f"{new} NOT {_or(others)}", *args]).fetchall())
+        else:
+            part.update(conn.execute(sql, [new, *args]).fetchall())
+        return heapq.nlargest(k, part.values())[-1] if len(part) >= k else -math.inf
 
     def enough(j: int, kth: float) -> bool:
         return kth > rest[j] * (1 + _SLACK) + _SLACK
 
     # first the rarest words covering at most 1/64 of the rows; if their k-th row does not beat the others' bounds,
     # that k-th score is a lower bound of the final one, so the rarest words whose others' bounds are below it
-    # surely do (if they cover at most SCAN_FRACTION of the rows)
+    # surely do (if they cover at most SCAN_FRACTION of the rows): read the rows of the words added only
     j = max(1, max(i for i in range(len(order)) if cum[i] <= n_rows / 64))
-    part, kth = attempt(j)
+    kth = attempt(0, j, -math.inf)
     if not enough(j, kth):
-        j = next((i for i in range(j + 1, len(order)) if enough(i, kth)), len(order))
-        if j >= len(order) or cum[j] > SCAN_FRACTION * n_rows:
+        j2 = next((i for i in range(j + 1, len(order)) if enough(i, kth)), len(order))
+        if j2 >= len(order) or cum[j2] > SCAN_FRACTION * n_rows:
             return None
-        part, kth = attempt(j)
+        kth = attempt(j, j2, kth)
+        j = j2
         if not enough(j, kth):
             return None
     # a row without the rare words scores at most rest[j] < kth: the page is among the rows read; score the ones
