@@ -41,8 +41,8 @@ ALIAS = "ekwab-kw-chunks"
 # ---- worker (runs with one checkout's shared/ on sys.path) ---------------------------------------------------
 
 def worker(spec: str) -> int:
-    """Answer JSON lines ``{"q": query}`` on stdin with ``{"t": seconds of run_search, "hits": [[path, start, end, score]]}``.
-    ``spec``: ``sqlite:<path>`` or ``opensearch:<url>``."""
+    """Answer JSON lines ``{"q": query}`` on stdin with ``{"t": seconds of run_search, "hits": [[path, start,
+    end, score]]}``. ``spec``: ``sqlite:<path>`` or ``opensearch:<url>``."""
     from scopekb.models import SearchMode, SearchRequest
     from scopekb.search import run_search
     from scopekb.settings import QuerySettings
@@ -101,13 +101,14 @@ def build_index(data: Path) -> tuple[Path, list[str]]:
     """The cached embedded index of django 4.2.13 (as bench/run's ``embedded`` phase builds it) and the bench's
     query set."""
     sys.path[:0] = [str(ROOT / "shared"), str(ROOT / "bench")]
+    from scopekb_bench.corpus import release_repo
+    from scopekb_bench.embedded import docstring_queries
+    from scopekb_bench.profiles import FULL
+
     from scopekb.indexing import run_sync
     from scopekb.models import Source
     from scopekb.runtime import build_embedded_runtime
     from scopekb.settings import Settings
-    from scopekb_bench.corpus import release_repo
-    from scopekb_bench.embedded import docstring_queries
-    from scopekb_bench.profiles import FULL
 
     pkg, versions, prefer = FULL.large
     built = release_repo(pkg, list(versions), prefer)
