@@ -52,6 +52,15 @@ def _setup(api: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:  # noq
     return {"Authorization": f"Bearer {mine}"}, {"Authorization": f"Bearer {lone}"}
 
 
+def _stored_key(rt: Any, agent: str, contexts: list[str]) -> Any:
+    """A key stored as the admin API stores it (``ops.create_key``), so an MCP tool's check that the key is still
+    live (``KeyLookup.live``) finds it."""
+    from scopekb import ops
+    from scopekb.models import KeyCreate
+
+    return ops.create_key(rt, KeyCreate(agent_name=agent, context_ids=contexts))[0]
+
+
 def test_every_hit_reads_back_byte_exact(api: dict[str, Any]) -> None:  # noqa: F811
     c, repo = api["client"], api["repo"]
     mine, _ = _setup(api)
@@ -134,12 +143,11 @@ def test_mcp_read_tool_fences_the_exact_lines(api: dict[str, Any]) -> None:  # n
     import anyio
     from mcp.server.mcpserver.exceptions import ToolError
 
-    from scopekb.auth import ApiKey
     from scopekb_query.mcp_server import build_mcp_server
 
     c, rt, repo = api["client"], api["rt"], api["repo"]
     _setup(api)
-    key = ApiKey(id="k", agent_name="reader", context_ids=["c"], key_hash="")
+    key = _stored_key(rt, "reader", ["c"])
     server = build_mcp_server(rt, lambda _ctx: key)
     sha = git(repo, "rev-parse", "HEAD:nofinal.md").strip()
 
@@ -286,11 +294,10 @@ def test_search_ref_is_a_name_or_an_indexed_head_else_404(api: dict[str, Any]) -
     # read with a tree, blob or annotated tag id as ref says which it is, on REST and MCP alike (hostile review 6)
     import anyio
 
-    from scopekb.auth import ApiKey
     from scopekb_query.mcp_server import build_mcp_server
 
-    server = build_mcp_server(api["rt"], lambda _ctx: ApiKey(id="k", agent_name="reader", context_ids=["c"],
-                                                             key_hash=""))
+    reader = _stored_key(api["rt"], "reader", ["c"])
+    server = build_mcp_server(api["rt"], lambda _ctx: reader)
     lib_blob = git(repo, "rev-parse", "HEAD:lib.py").strip()
     for obj, said in ((f"{parent}^{{tree}}", "is a tree id, not a commit"),
                       (f"{parent}:lib.py", "is a blob id, not a commit"),
@@ -395,7 +402,6 @@ def test_read_names_the_ref_and_commit_search_names(api: dict[str, Any]) -> None
     that ref, and 404 for a ref that does not hold the blob or is not indexed."""
     import anyio
 
-    from scopekb.auth import ApiKey
     from scopekb_query.mcp_server import build_mcp_server
 
     c, rt, repo = api["client"], api["rt"], api["repo"]
@@ -440,7 +446,8 @@ def test_read_names_the_ref_and_commit_search_names(api: dict[str, Any]) -> None
     for ref in ("main", "release/2"):  # main does not hold r2.txt; release/2 is gone
         r = c.get("/v1/read", params={**q, "ref": ref}, headers=key)
         assert r.status_code == 404, (ref, r.text)
-    server = build_mcp_server(rt, lambda _ctx: ApiKey(id="k", agent_name="rel", context_ids=["c"], key_hash=""))
+    rel = _stored_key(rt, "rel", ["c"])
+    server = build_mcp_server(rt, lambda _ctx: rel)
 
     async def call(args: dict[str, Any]) -> str:
         res = await server.call_tool("read", args)
