@@ -46,6 +46,10 @@ def translate_s3(exc: BaseException) -> ScopekbError:
     return Transient(f"blob store unavailable ({type(exc).__name__})")
 
 
+#: Seconds the readiness probe of S3 (:meth:`S3BlobStore.health`) waits to connect and for the answer: well inside
+#: a Kubernetes probe's default 1 s timeout plus its period, so a stopped S3 is reported instead of hanging the probe.
+HEALTH_TIMEOUT_S = 0.5
+
 #: Connections the ``minio`` SDK's own HTTP client keeps per host (``urllib3.PoolManager(maxsize=10)``).
 MINIO_POOL_MAXSIZE = 10
 
@@ -79,6 +83,21 @@ class S3BlobStore:
                             region=cfg.region, http_client=s3_http_client(pool_maxsize))
         self.bucket = cfg.bucket
         self._bucket_ok = False
+        self._cfg = cfg
+        self._probe: Minio | None = None
+
+    def health(self) -> None:
+        """Ask the server whether the bucket exists (one HEAD, :data:`HEALTH_TIMEOUT_S` for connect and read, no
+        retries), for readiness: raises :class:`scopekb.errors.Transient` when S3 does not answer. A missing bucket
+        is healthy (the first write creates it)."""
+        if self._probe is None:
+            access_key, secret_key = self._cfg.credentials()
+            self._probe = Minio(self._cfg.endpoint, access_key=access_key, secret_key=secret_key,
+                                secure=self._cfg.secure, region=self._cfg.region, http_client=urllib3.PoolManager(
+                                    timeout=urllib3.Timeout(connect=HEALTH_TIMEOUT_S, read=HEALTH_TIMEOUT_S),
+                                    maxsize=1, retries=False, cert_reqs="CERT_REQUIRED",
+                                    ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where()))
+        self._probe.bucket_exists(self.bucket)
 
     def ensure_bucket(self) -> None:
         """Create the bucket when missing (idempotent)."""

@@ -27,9 +27,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from minio import Minio
-from minio.error import S3Error
+from minio.error import MinioException, S3Error
+from urllib3.exceptions import HTTPError as Urllib3Error
 
-from scopekb.errors import Refused
+from scopekb.errors import Refused, ScopekbError, Transient, translating
 from scopekb.gitrepo import TreeEntry
 from scopekb.settings import S3Settings, Settings
 
@@ -213,11 +214,19 @@ def document_id(path: str, raw_id: str) -> str:
     return raw_id if kind is None else hashlib.sha1(f"{kind}:{raw_id}".encode()).hexdigest()
 
 
+def translate_object_store(exc: BaseException) -> ScopekbError:
+    """scopekb's error for an S3 failure behind an object-store source (unreachable, refused, server error):
+    :class:`Transient` - an upload answers 503, a sync retries."""
+    return Transient(f"object store unavailable ({type(exc).__name__})")
+
+
+@translating((MinioException, Urllib3Error, OSError), translate_object_store)
 class ObjectPrefix:
     """Objects under ``bucket/prefix`` as a tree of documents (paths relative to the prefix).
 
     Raises: :class:`scopekb.settings.S3NotConfigured` (constructor) when the settings carry no credentials;
-    ``minio.error.S3Error`` (from :meth:`tree`) when the bucket cannot be listed.
+    :class:`scopekb.errors.Transient` from every method when S3 cannot be reached or refuses (the bucket cannot
+    be listed, an object cannot be read or written).
     """
 
     def __init__(self, cfg: S3Settings, bucket: str, prefix: str) -> None:
@@ -335,17 +344,37 @@ class FolderPrefix:
 
         Raises:
             ValueError: ``rel`` is not a plain relative path.
+            scopekb.errors.Refused: 409, a folder is where the document would go (``a`` when ``a/b.md`` exists) or
+                a document where one of its folders would (``a.md/b.md`` when ``a.md`` exists): names S3 holds
+                side by side but one folder cannot.
+            scopekb.errors.Transient: the folder cannot be written (disk full, I/O error).
         """
         p = self._path(rel)
-        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.is_dir() and not p.is_symlink():
+            raise Refused(f"document name {rel[:100]!r}: a folder of documents has this name", 409)
+        for parent in p.parents:  # the nearest existing one below the prefix must be a folder
+            if parent == self.base or not parent.is_relative_to(self.base):
+                break
+            if parent.is_symlink() or (parent.exists() and not parent.is_dir()):
+                raise Refused(f"document name {rel[:100]!r}: {parent.relative_to(self.base).as_posix()!r} is a "
+                              "document, not a folder", 409)
+            if parent.exists():
+                break
         # Written beside the bucket folders (no bucket name starts with '.'), never inside a listed tree: a
         # document whose name held ".tmp" (``release.tmpl.md``) was skipped by the listing and never indexed.
         partial = self.root / ".partial"
-        partial.mkdir(parents=True, exist_ok=True)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            partial.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise Transient(f"document folder unavailable ({type(e).__name__})") from e
         tmp = partial / f"{os.getpid()}-{uuid.uuid4().hex}"
         try:
             tmp.write_bytes(data)
             tmp.replace(p)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise Transient(f"document folder unavailable ({type(e).__name__})") from e
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

@@ -250,6 +250,12 @@ class ControlRuntime:
             self.keys = KeyLookup(self.records, version=self.coord.keys_version, check_s=bound)
 
 
+#: Readiness checks that are reported but do not make the query service unready: searches never read S3 (only
+#: ``/v1/read``, document uploads and syncs do, and those answer 503 or retry while it is down), so an S3 outage
+#: must not take every replica out of its Service and stop searches too.
+READINESS_REPORTED_ONLY = frozenset({"s3"})
+
+
 @dataclass(kw_only=True)
 class Runtime(ControlRuntime):
     """The long-lived clients of one process. The embedding cache is built on first use."""
@@ -316,10 +322,14 @@ class Runtime(ControlRuntime):
 
     def readiness(self) -> dict[str, str]:
         """``{backend: "ok" | "error: <type>"}`` for the chunk store and the coordination backend (``opensearch``
-        and ``redis``, or ``sqlite`` and ``memory``)."""
+        and ``redis``, or ``sqlite`` and ``memory``), and ``s3`` when blobs are in S3 (distributed profile; see
+        :data:`READINESS_REPORTED_ONLY`)."""
         checks: dict[str, str] = {}
-        for name, probe in ((getattr(self.chunks, "kind", "chunks"), self.chunks.health),
-                            (self.coord.kind, self.coord.ping)):
+        probes: list[tuple[str, Callable[[], Any]]] = [(getattr(self.chunks, "kind", "chunks"), self.chunks.health),
+                                                       (self.coord.kind, self.coord.ping)]
+        if callable(getattr(self.blobs, "health", None)):
+            probes.append(("s3", self.blobs.health))  # type: ignore[attr-defined]
+        for name, probe in probes:
             try:
                 probe()
                 checks[name] = "ok"

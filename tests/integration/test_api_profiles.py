@@ -71,7 +71,9 @@ def test_health_and_readiness(api: dict[str, Any]) -> None:
     r = c.get("/readyz")
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["ready"] is True and len(body["checks"]) == 2 and set(body["checks"].values()) == {"ok"}
+    assert body["ready"] is True and set(body["checks"].values()) == {"ok"}
+    want = {"sqlite", "memory"} if api["profile"] == "embedded" else {"opensearch", "redis", "s3"}
+    assert set(body["checks"]) == want, body
     assert "scopekb_query_requests_total" in c.get("/metrics").text
 
 
@@ -283,3 +285,86 @@ def test_a_source_removed_while_it_syncs_leaves_no_chunks(api: dict[str, Any]) -
     assert hits["hits"] == [], [h["path"] for h in hits["hits"]]
     assert rt.chunks.delete_source(sid) == 0  # nothing of it left to delete
     assert job.state.value == "partial" and any("removed during this sync" in e for e in job.errors), job.errors
+
+
+def test_document_names_one_folder_cannot_hold_are_409_in_the_embedded_profile(api: dict[str, Any]) -> None:
+    """Hostile review 4: ``a.md`` then ``a.md/b.md`` (or ``d/x.md`` then ``d``) gave a 500 in the embedded
+    profile's data folder, where documents are files; S3 holds both names side by side. Now the folder answers
+    409 naming the clash and keeps what it holds; S3 accepts both (tests/unit/test_document_folder.py covers
+    the folder without services)."""
+    from scopekb.documents import FolderPrefix
+
+    c = api["client"]
+    r = c.post("/v1/sources", json={"agent_name": "prof", "context_id": "clash", "kind": "s3", "prefix": "k"})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    # an embedded runtime given S3 settings (as in CI, where SCOPEKB_S3__* is set) keeps documents in S3
+    folder = isinstance(api["rt"].documents(None, "k"), FolderPrefix)
+    assert folder or api["profile"] == "distributed" or "s3" in api["rt"].settings.model_fields_set
+    for first, second in (("a.md", "a.md/b.md"), ("d/x.md", "d"), ("e/f.md", "e/f.md/g.md")):
+        assert c.post(f"/v1/sources/{sid}/documents", params={"name": first}, content=b"# one\n").status_code == 202
+        got = c.post(f"/v1/sources/{sid}/documents", params={"name": second}, content=b"# two\n")
+        if folder:
+            assert got.status_code == 409, (second, got.status_code, got.text)
+            assert "folder" in got.json()["detail"] and repr(second) in got.json()["detail"], got.text
+        else:
+            assert got.status_code == 202, (second, got.status_code, got.text)
+    from scopekb.indexing import run_sync
+
+    run_sync(api["rt"].sync_deps(), "clash-" + uuid.uuid4().hex[:8], [sid], trigger="upload")
+    key = c.post("/v1/keys", json={"agent_name": "prof", "context_ids": ["clash"]}).json()["key"]
+    hits = c.post("/v1/search", json={"query": "one", "max_results": 20},
+                  headers={"Authorization": f"Bearer {key}"}).json()["hits"]
+    assert {"a.md", "d/x.md", "e/f.md"} <= {h["path"] for h in hits}, hits  # nothing already stored was lost
+
+
+def test_s3_down_is_503_for_uploads_and_reads_and_reported_by_readiness(
+        tmp_path: Path, opensearch_url: str, redis_url: str, s3_config: dict[str, Any]) -> None:
+    """Hostile review 4 (distributed profile, the one with S3): a document upload with S3 unreachable was a 500
+    and ``/readyz`` did not look at S3. Now uploads and ``/v1/read`` answer 503 naming the store, and readiness
+    reports ``s3`` without going unready (searches do not read S3, and keep answering)."""
+    from scopekb.indexing import run_sync
+    from scopekb_query.app import create_app
+
+    run = f"s3down-{uuid.uuid4().hex[:8]}"
+    services = {"opensearch_url": opensearch_url, "redis_url": redis_url, "s3_config": s3_config}
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "lib.py").write_text("def s3down_marker():\n    return 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    up_app = create_app(_settings("distributed", tmp_path, services, run))
+    dead = {**services, "s3_config": {**s3_config, "endpoint": "127.0.0.1:9"}}
+    down_app = create_app(_settings("distributed", tmp_path, dead, run))
+    try:
+        with TestClient(up_app, raise_server_exceptions=False) as up, \
+                TestClient(down_app, raise_server_exceptions=False) as down:
+            for c in (up, down):
+                c.headers["Authorization"] = f"Bearer {ADMIN}"
+            src = up.post("/v1/sources", json={"agent_name": "s3d", "context_id": "c", "repo_url": str(repo),
+                                               "ref": "main"}).json()
+            docs = up.post("/v1/sources", json={"agent_name": "s3d", "context_id": "c", "kind": "s3",
+                                                "prefix": "p"}).json()
+            run_sync(up_app.state.runtime.sync_deps(), "s3d-" + uuid.uuid4().hex[:8], [src["id"]], trigger="cli")
+            up_app.state.runtime.chunks.refresh()
+            secret = up.post("/v1/keys", json={"agent_name": "s3d", "context_ids": ["c"]}).json()["key"]
+            key = {"Authorization": f"Bearer {secret}"}
+
+            r = down.get("/readyz")
+            assert r.status_code == 200 and r.json()["ready"] is True, r.text
+            assert r.json()["checks"]["s3"].startswith("error: ") and r.json()["checks"]["opensearch"] == "ok", r.text
+            assert up.get("/readyz").json()["checks"]["s3"] == "ok"
+
+            r = down.post(f"/v1/sources/{docs['id']}/documents", params={"name": "a.md"}, content=b"# a\n")
+            assert r.status_code == 503 and r.json()["detail"].startswith("object store unavailable"), r.text
+            r = down.post("/v1/search", json={"query": "s3down_marker"}, headers=key)
+            assert r.status_code == 200, r.text
+            hits = r.json()["hits"]
+            assert [h["path"] for h in hits] == ["lib.py"], hits  # searches go on
+            r = down.get("/v1/read", params={"path": "lib.py", "blob_sha": hits[0]["blob_sha"]}, headers=key)
+            assert r.status_code == 503 and "unavailable" in r.json()["detail"], r.text
+            assert up.get("/v1/read", params={"path": "lib.py", "blob_sha": hits[0]["blob_sha"]},
+                          headers=key).status_code == 200
+    finally:
+        up_app.state.runtime.opensearch_client.indices.delete(index=f"{run}-*", ignore_unavailable=True)

@@ -85,4 +85,5 @@ def test_rest_answers_503_with_the_reason_when_backends_are_down(unreachable: Te
     assert (r.status_code, r.json()["detail"]) == (503, "search backend unavailable")
     r = unreachable.get("/readyz")
     assert r.status_code == 503 and r.json()["checks"] == {"opensearch": "error: ConnectionError",
-                                                           "redis": "error: ConnectionError"}
+                                                           "redis": "error: ConnectionError",
+                                                           "s3": "error: NewConnectionError"}
