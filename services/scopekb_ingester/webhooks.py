@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Sequence
 from typing import Annotated
 from urllib.parse import unquote_plus
 
@@ -27,10 +28,10 @@ from scopekb.coordination import SourcesChanged
 from scopekb.http.jsonlimits import loads_bounded
 from scopekb.logging import bind_context, clear_context, get_logger
 from scopekb.models import Source, ref_name_problem
-from scopekb.refs import HEADS, TAGS, short_name, source_tracks
+from scopekb.refs import HEADS, TAGS, ref_matcher, short_name
 from scopekb.render import field
 from scopekb.sources import delivery_targets, matching_sources, sources_of_owner
-from scopekb_ingester.providers import PROVIDERS, BadRequest, Parsed, Provider, decode_body
+from scopekb_ingester.providers import PROVIDERS, BadRequest, Parsed, Provider, PushEvent, decode_body
 from scopekb_ingester.state import Ingester, ingester
 
 log = get_logger("scopekb.ingester")
@@ -242,8 +243,7 @@ def _decide(ing: Ingester, provider: str, prov: Provider, parsed: Parsed, raw: b
             lookup.confirm()
             return _err(400, f"pushed ref {field(push.ref, 100)} is not a valid ref name: {problem}", provider,
                         "bad_request")
-    work = [(push, [s for s in eligible if source_tracks(s, push.ref)]) for push in parsed.pushes]
-    work = [(push, targets) for push, targets in work if targets]
+    work = _work(eligible, parsed.pushes)
     if parsed.kind == "ignored" or not work:
         lookup.confirm()
         reason = parsed.reason if parsed.kind == "ignored" and parsed.reason else "no source tracks this ref"
@@ -253,17 +253,45 @@ def _decide(ing: Ingester, provider: str, prov: Provider, parsed: Parsed, raw: b
     # Keyed by the sources this signature admitted, not the sender-chosen id alone (hostile review 6)
     key = ops.delivery_key(provider, delivery, [s.id for s in eligible])
     specs = [ops.SyncSpec(job_id=key if len(work) == 1 else f"{key}:{n}",
-                          source_ids=[s.id for s in targets], trigger="webhook", ref=short_name(push.ref),
-                          to_commit=None if push.deleted else push.after,
-                          task_kwargs={"after": push.after, "branch_deleted": push.deleted})
-             for n, (push, targets) in enumerate(work)]
+                          source_ids=[s.id for s in targets], trigger="webhook",
+                          ref=short_name(pushes[0].ref) if len(pushes) == 1 else None,
+                          to_commit=None if len(pushes) > 1 or pushes[0].deleted else pushes[0].after,
+                          task_kwargs={"after": pushes[0].after if len(pushes) == 1 else None,
+                                       "branch_deleted": len(pushes) == 1 and pushes[0].deleted})
+             for n, (pushes, targets) in enumerate(work)]
     answer = _enqueue(ing, provider, key, specs, delivery, sources_version=lookup.claim_version())
     if answer is not None:
         return answer
     job_ids = [s.job_id for s in specs]
-    log.info("webhook_queued", refs=[p.ref for p, _ in work], jobs=len(job_ids))
+    log.info("webhook_queued", refs=[field(p.ref, 100) for pushes, _ in work for p in pushes[:20]],
+             pushes=sum(len(pushes) for pushes, _ in work), jobs=len(job_ids))
     return JSONResponse({"status": "queued", "job_id": job_ids[0], "job_ids": job_ids,
                          "sources": sorted({s.id for _, t in work for s in t})}, status_code=202)
+
+
+def _work(eligible: list[Source], pushes: Sequence[PushEvent]) -> list[tuple[list[PushEvent], list[Source]]]:
+    """The syncs a delivery's ``pushes`` ask of the ``eligible`` sources: ``(pushes, sources)`` per job, in the
+    order the pushes came. A push concerns the sources that track its ref (:func:`scopekb.refs.source_tracks`,
+    each source's patterns compiled once). Pushes whose sources all track ref patterns (``refs``) are one job per
+    set of sources, since such a sync brings every ref its patterns match to its current commit (hostile review
+    4: a Bitbucket push naming 10,000 branches queued 10,000 jobs, each syncing every ref); a source tracking its
+    one ``ref`` gets a job per push (its branch and a tag of that name), which carries the push's commit and a
+    deletion."""
+    matchers = [(src, ref_matcher(src.ref_patterns)) for src in eligible]
+    out: list[tuple[list[PushEvent], list[Source]]] = []
+    merged: dict[tuple[str, ...], int] = {}  # the ids of a pattern-only set of sources -> its entry in out
+    for push in pushes:
+        targets = [src for src, matches in matchers if push.ref.startswith((HEADS, TAGS)) and matches(push.ref)]
+        if not targets:
+            continue
+        ids = tuple(s.id for s in targets)
+        if all(s.refs for s in targets):
+            if ids in merged:
+                out[merged[ids]][0].append(push)
+                continue
+            merged[ids] = len(out)
+        out.append(([push], targets))
+    return out
 
 
 def _pong(provider: str, parsed: Parsed, eligible: list[Source]) -> JSONResponse:

@@ -30,10 +30,9 @@ def short_name(full: str) -> str:
     return full.removeprefix(HEADS).removeprefix(TAGS)
 
 
-def match_refs(patterns: Sequence[str], refs: Mapping[str, str]) -> dict[str, str]:
-    """The refs ``patterns`` match: short name → commit, for every branch/tag in ``refs`` (full name → commit, as
-    :meth:`scopekb.gitrepo.Mirror.list_refs` gives) that one of them matches, branches before tags, each by name.
-    Uncapped: :func:`cap_refs` chooses which of them a sync tracks.
+def ref_matcher(patterns: Sequence[str]) -> Callable[[str], bool]:
+    """A test of one full ref name (``refs/heads/x``, ``refs/tags/v1``) against ``patterns``, compiled once: what
+    :func:`match_refs` asks of each ref, for callers that test many refs (a webhook delivery naming thousands).
 
     Raises:
         scopekb.patterns.PatternRefused: a pattern over the source pattern limits.
@@ -43,15 +42,31 @@ def match_refs(patterns: Sequence[str], refs: Mapping[str, str]) -> dict[str, st
         kinds = (HEADS,) if pat.startswith(HEADS) else (TAGS,) if pat.startswith(TAGS) else (HEADS, TAGS)
         glob = compile_glob("/" + short_name(pat), SOURCE_LIMITS)  # a leading "/" anchors it at the start
         matchers.extend((kind, glob) for kind in kinds)
+
+    def matches(full: str) -> bool:
+        kind = HEADS if full.startswith(HEADS) else TAGS if full.startswith(TAGS) else None
+        return kind is not None and any(k == kind and g.match("/" + short_name(full)) for k, g in matchers)
+
+    return matches
+
+
+def match_refs(patterns: Sequence[str], refs: Mapping[str, str]) -> dict[str, str]:
+    """The refs ``patterns`` match: short name → commit, for every branch/tag in ``refs`` (full name → commit, as
+    :meth:`scopekb.gitrepo.Mirror.list_refs` gives) that one of them matches, branches before tags, each by name.
+    Uncapped: :func:`cap_refs` chooses which of them a sync tracks.
+
+    Raises:
+        scopekb.patterns.PatternRefused: a pattern over the source pattern limits.
+    """
+    matches = ref_matcher(patterns)
     out: dict[str, str] = {}
     for full in sorted(refs, key=lambda n: (not n.startswith(HEADS), n)):
-        kind = HEADS if full.startswith(HEADS) else TAGS if full.startswith(TAGS) else None
-        if kind is None:
+        if not full.startswith((HEADS, TAGS)):
             continue
         name = short_name(full)
         if name in out:
             continue  # a branch of that name came first
-        if any(k == kind and g.match("/" + name) for k, g in matchers):
+        if matches(full):
             out[name] = refs[full]
     return out
 

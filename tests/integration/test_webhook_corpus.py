@@ -223,3 +223,38 @@ def test_delivery_ids_that_cannot_be_job_ids_are_refused(ingester: TestClient, d
     headers["X-GitHub-Delivery"] = did
     r = _post(ingester, "github", body, headers)
     assert r.status_code == 400 and r.json()["detail"].startswith("invalid delivery id"), r.text
+
+
+def test_a_push_naming_thousands_of_refs_is_one_job_per_pattern_source(ingester: TestClient) -> None:
+    """Hostile review 4: a signed Bitbucket push naming 10,000 distinct branches queued a sync job per branch
+    (13 s to answer), each syncing every ref the source's patterns match. Now the pushes of sources that all
+    track ref patterns are one job per set of sources; a source tracking its one ``ref`` keeps a job per push
+    (with the pushed commit)."""
+    rt = ingester.app.state.ingester.rt
+    full = f"Many/Refs-{uuid.uuid4().hex[:6]}"
+    url = f"{HOSTS['bitbucket']}/{full}.git"
+    every = Source(id=Source.new_id(), agent_name="corpus", context_id="many", repo_url=url, repo_name=full,
+                   ref="main", refs=["*"], webhook_secret=SecretStr(SECRET))
+    one = Source(id=Source.new_id(), agent_name="corpus", context_id="one", repo_url=url, repo_name=full,
+                 ref="main", webhook_secret=SecretStr(SECRET))
+    for src in (every, one):
+        rt.records.put_source(src)
+    rt.coord.bump_sources_version()  # as registering through ops.add_source does
+    head = "a" * 40
+
+    def change(name: str) -> dict[str, Any]:
+        return {"old": None, "new": {"name": name, "type": "branch", "target": {"hash": head}}}
+
+    names = [f"topic/{n}" for n in range(3000)] + ["main"] + [f"later/{n}" for n in range(10)]
+    payload = {"repository": {"full_name": full, "links": {"html": {"href": f"{HOSTS['bitbucket']}/{full}"}}},
+               "push": {"changes": [change(n) for n in names]}}
+    body, headers = request_for("bitbucket", "repo:push", json.dumps(payload).encode())
+    r = _post(ingester, "bitbucket", body, headers)
+    assert r.status_code == 202 and r.json()["status"] == "queued", r.text
+    from scopekb import ops
+
+    jobs = [ops.get_job(rt, j) for j in r.json()["job_ids"]]
+    assert len(jobs) == 2, r.json()["job_ids"]
+    merged, main = jobs
+    assert merged.source_ids == [every.id] and merged.ref is None and merged.to_commit is None, merged
+    assert sorted(main.source_ids) == sorted([every.id, one.id]) and (main.ref, main.to_commit) == ("main", head)
