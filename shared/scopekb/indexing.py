@@ -57,7 +57,7 @@ from scopekb.gitrepo import MODE_GITLINK, MODE_SYMLINK, Mirror, TreeEntry, is_sh
 from scopekb.logging import get_logger
 from scopekb.models import Chunk, Job, JobStage, JobState, Source, utcnow
 from scopekb.patterns import GITATTRIBUTES_LIMITS, usable_globs
-from scopekb.refs import cap_refs, match_refs, put_ref_state, ref_states
+from scopekb.refs import cap_refs, match_refs, put_ref_state, ref_states, unfit_refs
 from scopekb.settings import Settings, git_cache_dir
 from scopekb.stores.base import BulkReport, ChunkStore, RecordStore, answered_problem
 
@@ -576,6 +576,13 @@ def _tracked_refs(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source
     for src in sources:
         out[src.id], left_out = cap_refs(match_refs(src.ref_patterns, listed), src.ref, set(_ref_states(deps, src)),
                                          cap)
+        unfit = unfit_refs(src.ref_patterns, listed) if src.refs else []
+        if unfit:
+            job.errors.append(f"source {src.id}: {len(unfit)} refs its refs patterns match are not indexed, their "
+                              "names are not ref names a source may track: " + ", ".join(
+                                  f"{n[:100]!r} ({why})" for n, why in unfit[:5])
+                              + (f" and {len(unfit) - 5} more" if len(unfit) > 5 else ""))
+            log.warning("refs_unfit", source_id=src.id, count=len(unfit))
         if left_out:
             job.errors.append(_left_out_error(src, left_out, cap, pushed))
             log.warning("refs_left_out", source_id=src.id, left_out=len(left_out), cap=cap, sample=left_out[:5])

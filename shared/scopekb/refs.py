@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scopekb.errors import NotFound, Refused
-from scopekb.models import Source
+from scopekb.models import Source, ref_name_problem
 from scopekb.overlays import source_overlays
 from scopekb.patterns import SOURCE_LIMITS, PathGlob, compile_glob
 from scopekb.stores.base import RecordStore, RefOverlay, ScopeFilter
@@ -64,10 +64,25 @@ def match_refs(patterns: Sequence[str], refs: Mapping[str, str]) -> dict[str, st
         if not full.startswith((HEADS, TAGS)):
             continue
         name = short_name(full)
-        if name in out:
-            continue  # a branch of that name came first
+        if name in out or ref_name_problem(name, glob=False):
+            continue  # a branch of that name came first, or a name no source may track (unfit_refs)
         if matches(full):
             out[name] = refs[full]
+    return out
+
+
+def unfit_refs(patterns: Sequence[str], refs: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The branches and tags in ``refs`` (full name → commit) that ``patterns`` match but :func:`match_refs` leaves
+    out because their names break the rules a registered ref follows (:func:`scopekb.models.ref_name_problem`: a
+    host may hold ``refs/heads/--upload-pack=x``, which a registration refuses): ``(short name, why)`` each, by
+    name, so a sync can say what it did not index."""
+    matches = ref_matcher(patterns)
+    out: list[tuple[str, str]] = []
+    for full in sorted(refs):
+        if full.startswith((HEADS, TAGS)) and matches(full):
+            problem = ref_name_problem(short_name(full), glob=False)
+            if problem:
+                out.append((short_name(full), problem))
     return out
 
 

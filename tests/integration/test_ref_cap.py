@@ -131,3 +131,26 @@ def test_the_source_ref_is_tracked_first_when_many_refs_sort_before_it(capped: d
     status = _status(capped, src)
     assert status["status"] == "PARTIAL" and status["indexed_commit"] == main
     assert _search(deps, src, "main") > 0
+
+
+def test_refs_a_registration_refuses_are_not_indexed_by_a_glob(world: dict[str, Any],  # noqa: F811
+                                                                tmp_path_factory: Any) -> None:
+    """Hostile review 4: ``refs: ["*"]`` indexed a branch named ``--upload-pack=evil`` that registering it as a
+    ref refuses (``starts with '-'``). Now a glob leaves such refs out the way a registration would, and the job
+    names them (bounded); the refs that follow the rules are indexed."""
+    deps: SyncDeps = world["deps"]
+    hist = History(tmp_path_factory.mktemp("hist") / "repo.git")
+    main = hist.commit("main", FILES)
+    for ref in ("refs/heads/--upload-pack=evil", "refs/tags/-v1", "refs/heads/fine/b1", "refs/heads/HEAD"):
+        git(hist.path, "update-ref", ref, main)
+    src = Source(id=Source.new_id(), agent_name="refcap", context_id=uuid.uuid4().hex[:8], repo_url=str(hist.path),
+                 ref="main", refs=["*"], webhooks=False)
+    deps.records.put_source(src)
+    job = _sync(deps, src)
+    assert _status_refs(world, src) == {"main": main, "fine/b1": main}
+    said = " ".join(job.errors)
+    assert "3 refs its refs patterns match are not indexed" in said, job.errors
+    assert "'--upload-pack=evil' (starts with '-')" in said and "'-v1'" in said and "'HEAD'" in said, said
+    assert job.state == JobState.partial, job
+    with pytest.raises(NotFound):
+        _search(deps, src, "--upload-pack=evil")
