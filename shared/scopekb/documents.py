@@ -160,15 +160,20 @@ _PARTIAL_WRITE = re.compile(r"\.tmp[0-9]+$")
 def document_name_problem(rel: str) -> str | None:
     """Why ``rel`` cannot name an uploaded document (a path below a source's prefix, ``runbooks/x.md``), or None.
 
-    One rule for both profiles (hostile review 3): at most :data:`MAX_DOCUMENT_NAME` characters, no control
-    characters, no empty, ``.`` or ``..`` segment (``a//b.md``, ``dir/``, ``a/./b.md``: S3 stored ``dir/`` as a
-    folder marker that was never indexed and refused ``.`` with a 500; the embedded folder refused all three
-    with a 500), and no last segment ending in ``.tmp<digits>`` (the embedded folder's old partial-write names,
-    which its listing skips)."""
+    One rule for both profiles (hostile reviews 3 and 4): at most :data:`MAX_DOCUMENT_NAME` characters; no control
+    characters, no whitespace at either end and no U+FFFD (a trailing ``%0A`` was stripped and invalid UTF-8 was
+    stored as U+FFFD, so the document got another name than the one sent); no empty, ``.`` or ``..`` segment
+    (``a//b.md``, ``dir/``, ``a/./b.md``: S3 stored ``dir/`` as a folder marker that was never indexed and refused
+    ``.`` with a 500; the embedded folder refused all three with a 500); and no last segment ending in
+    ``.tmp<digits>`` (the embedded folder's old partial-write names, which its listing skips)."""
     if len(rel) > MAX_DOCUMENT_NAME:
         return f"name is {len(rel)} characters; at most {MAX_DOCUMENT_NAME} are allowed"
     if not rel or any(ord(c) < 32 or ord(c) == 127 for c in rel):
         return "name must be a non-empty relative path without control characters"
+    if rel != rel.strip():
+        return "name must not start or end with whitespace"
+    if "\ufffd" in rel:  # what a decoder makes of bytes that are not UTF-8 (%FF in a query string)
+        return "name must be valid UTF-8 (it holds U+FFFD, the replacement for bytes that are not)"
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts):
         return "name must be a relative path of plain segments (no '..', '.', empty segment or trailing '/')"

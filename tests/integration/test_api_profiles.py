@@ -246,6 +246,11 @@ def test_document_names_are_one_rule_and_every_accepted_name_is_indexed(api: dic
     for bad in ("a//b.md", "dir/", ".", "a/./b.md", "x.md.tmp123", "a" * 901):
         got = c.post(f"/v1/sources/{sid}/documents", params={"name": bad}, content=b"# x\n")
         assert got.status_code == 422, (bad, got.status_code, got.text)
+    # hostile review 4: these were stored under another name (stripped, or U+FFFD for the byte that is not UTF-8)
+    for raw in ("a.md%0A", "%20a.md", "a.md%20", "%FFa.md", "b%C3.md", "a%EF%BF%BD.md"):
+        got = c.post(f"/v1/sources/{sid}/documents?name={raw}", content=b"# x\n")
+        assert got.status_code == 422, (raw, got.status_code, got.text)
+    assert c.post(f"/v1/sources/{sid}/documents?name=%2Fslash.md", content=b"# s\n").json()["key"] == "n/slash.md"
     up = c.post(f"/v1/sources/{sid}/documents", params={"name": "release.tmpl.md"},
                 content=b"# Release\nquorvane template notes\n", headers={"content-type": "text/markdown"})
     assert up.status_code == 202, up.text
