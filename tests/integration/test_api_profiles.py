@@ -28,6 +28,16 @@ def _settings(profile: str, tmp: Path, services: dict[str, Any], run: str) -> Se
     return profile_settings(profile, tmp, services, run, ADMIN)
 
 
+def one_file_repo(repo: Path, lib_py: str) -> Path:
+    """A new git repository at ``repo`` whose branch ``main`` has one commit holding ``lib.py``."""
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "lib.py").write_text(lib_py)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    return repo
+
+
 @pytest.fixture(params=PROFILES)
 def api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """The query app of one profile, an admin client and a local git repository to register."""
@@ -38,12 +48,7 @@ def api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, An
     services = {name: request.getfixturevalue(name) for name in ("opensearch_url", "redis_url", "s3_config")
                 } if profile == "distributed" else {}
     s = _settings(profile, tmp_path, services, run)
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    (repo / "lib.py").write_text("def profiles_marker_function():\n    return 'same answer'\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "one")
+    repo = one_file_repo(tmp_path / "repo", "def profiles_marker_function():\n    return 'same answer'\n")
     app = create_app(s)
     try:
         with TestClient(app, raise_server_exceptions=False) as client:
@@ -333,12 +338,7 @@ def test_s3_down_is_503_for_uploads_and_reads_and_reported_by_readiness(
 
     run = f"s3down-{uuid.uuid4().hex[:8]}"
     services = {"opensearch_url": opensearch_url, "redis_url": redis_url, "s3_config": s3_config}
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    (repo / "lib.py").write_text("def s3down_marker():\n    return 1\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "one")
+    repo = one_file_repo(tmp_path / "repo", "def s3down_marker():\n    return 1\n")
     up_app = create_app(_settings("distributed", tmp_path, services, run))
     dead = {**services, "s3_config": {**s3_config, "endpoint": "127.0.0.1:9"}}
     down_app = create_app(_settings("distributed", tmp_path, dead, run))
