@@ -1007,7 +1007,13 @@ def main() -> None:
     from scopekb.stores.base import StoreVersionMismatch
 
     try:
-        app()
+        try:
+            rc = app(standalone_mode=False)  # click's usage errors come here, to be one line (below)
+        except Exception as e:
+            _click_error(e)  # returns for anything that is not click's own
+            raise
+        if isinstance(rc, int) and not isinstance(rc, bool) and rc:
+            sys.exit(rc)  # typer.Exit(code) of a command
     except Transient as e:  # OpenSearch, Redis, S3 or a git host unreachable (GitError is Transient too)
         hint = "" if isinstance(e, GitError) else " (check the SCOPEKB_OPENSEARCH/REDIS/S3 settings; " \
             "scripts/services up)"
@@ -1029,12 +1035,34 @@ def main() -> None:
         _fail(f"{type(e).__name__}: {e}")
 
 
-def _fail(message: str) -> None:
-    """Print ``error: <message>`` as one escaped, bounded line on stderr and exit 1."""
+def _click_error(e: Exception) -> None:
+    """Answer click's own errors as :func:`main` answers the rest: a usage error (an unknown option or command, a
+    missing argument, a value a parameter refuses) as one line naming ``--help``, exit 2 (click's code); the help
+    for ``scopekb`` alone; Ctrl-C at a prompt as "interrupted". Returns for any other error. The classes are
+    matched by name because typer ships its own copy of click (``typer._click``) as well as using click."""
+    kinds = {c.__name__ for c in type(e).__mro__}
+    if "NoArgsIsHelpError" in kinds:  # `scopekb` alone, or a group without its command: its help, as click shows
+        print(e.format_message(), file=sys.stderr)  # type: ignore[attr-defined]
+        sys.exit(getattr(e, "exit_code", 2))
+    if "UsageError" in kinds:
+        ctx = getattr(e, "ctx", None)
+        where = getattr(ctx, "command_path", None) or "scopekb"
+        text = e.format_message().replace("Value error, ", "")  # type: ignore[attr-defined] # pydantic's prefix
+        _fail(f"{text} (see `{where} --help`)", code=getattr(e, "exit_code", 2))
+    if "Abort" in kinds:
+        err.print("interrupted", markup=False, highlight=False)
+        sys.exit(130)
+    if "ClickException" in kinds:
+        _fail(e.format_message(), code=getattr(e, "exit_code", 1))  # type: ignore[attr-defined]
+
+
+def _fail(message: str, code: int = 1) -> None:
+    """Print ``error: <message>`` as one escaped, bounded line on stderr and exit ``code`` (1; click's 2 for a
+    usage error)."""
     from scopekb.render import one_line
 
     err.print(f"error: {one_line(message, 400)}", markup=False, highlight=False)
-    sys.exit(1)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
