@@ -182,6 +182,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--product", action="store_true",
+                    help="also measure the product's onnx-int8 backend as shipped (static quantization, "
+                         "scopekb.embedding.onnx.INT8_QUANTIZATION), exported into the experiment's folder")
     ap.add_argument("--sets", default=",".join(SETS), help="quality sets to measure (default: both)")
     ap.add_argument("--onnx-quality", action="store_true", help="also measure fp32 ONNX's quality (slow)")
     ap.add_argument("--max-chunks", type=int, default=0,
@@ -234,7 +237,11 @@ def main() -> None:
     ref = vectors(torch_emb, "torch")
     embs: dict[str, Any] = {"torch": torch_emb,
                             "onnx": LocalEmbedder(backend="onnx", export_dir=work / "base-export")}
-    for name in args.configs.split(","):
+    if args.product:
+        export_model(packaged_model_path(), "onnx-int8", work / "base-export")
+        embs["product-int8"] = LocalEmbedder(backend="onnx-int8", export_dir=work / "base-export",
+                                             auto_export=False)
+    for name in filter(None, args.configs.split(",")):
         root = quantize(fp32_dir / "model.onnx", work / f"cfg-{name}", name, fp32_dir)
         embs[name] = LocalEmbedder(backend="onnx", export_dir=root, auto_export=False)
 

@@ -3,6 +3,7 @@ padded-token budget, truncation that matches Hugging Face's for one ``[CLS] … 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 
 from scopekb.embedding.local import cpu_threads, default_model_id, l2_normalise, pack_batch, plan_batches
 from scopekb.embedding.onnx import (
+    CALIBRATION_FILE,
+    CALIBRATION_SHA256,
     FORMAT,
     INT8_QUANTIZATION,
     MANIFEST,
@@ -70,8 +73,15 @@ def test_int8_vectors_get_their_own_model_id() -> None:
     assert int8_id_suffix(dict(reversed(INT8_QUANTIZATION.items()))) == int8_id_suffix()  # key order: same id
 
 
-@pytest.mark.parametrize("recorded", [None, {"weight_type": "QInt8"}, {**INT8_QUANTIZATION, "reduce_range": True}],
-                         ids=["not-recorded", "per-tensor", "other"])
+#: the dynamic quantization shipped before the static one (its vectors depended on their batch)
+DYNAMIC_SETTINGS = {"weight_type": "QInt8", "op_types_to_quantize": ["MatMul"], "per_channel": True,
+                    "keep_fp32": "ffn_output"}
+
+
+@pytest.mark.parametrize("recorded", [None, {"weight_type": "QInt8"}, DYNAMIC_SETTINGS,
+                                      {**INT8_QUANTIZATION, "reduce_range": True},
+                                      {**INT8_QUANTIZATION, "calibration_sha256": "0" * 64}],
+                         ids=["not-recorded", "per-tensor", "dynamic", "other", "other-calibration"])
 def test_an_int8_export_of_other_quantization_settings_is_stale(tmp_path: Path, recorded: dict | None) -> None:
     """An int8 manifest must record today's quantization settings; one written before they were recorded, or with
     other settings, reads as no export (so it is rebuilt), while the fp32 manifest needs no settings."""
@@ -84,6 +94,46 @@ def test_an_int8_export_of_other_quantization_settings_is_stale(tmp_path: Path, 
     assert read_manifest(tmp_path) is not None
     (tmp_path / MANIFEST).write_text(json.dumps({**man, "backend": "onnx"}))
     assert read_manifest(tmp_path) is not None
+
+
+def test_the_calibration_texts_are_the_recorded_ones() -> None:
+    """The packaged calibration file is the one whose digest the int8 settings (and so the model id) name: a new
+    file without a new digest would give other int8 vectors under the same id."""
+    raw = CALIBRATION_FILE.read_bytes()
+    assert hashlib.sha256(raw).hexdigest() == CALIBRATION_SHA256 == INT8_QUANTIZATION["calibration_sha256"]
+    texts = json.loads(raw)["texts"]
+    assert len(texts) >= 128 and all(isinstance(t, str) and t.strip() for t in texts)
+    assert int8_id_suffix() != int8_id_suffix(DYNAMIC_SETTINGS)
+
+
+def test_changed_calibration_texts_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calibration texts other than the recorded ones (an edited install) are refused with one error naming the fix,
+    never quantized into vectors under the recorded model id; an unreadable file likewise."""
+    from scopekb.embedding import onnx
+    from scopekb.embedding.base import EmbeddingConfigError
+    from scopekb.embedding.local import packaged_model_path
+
+    f = tmp_path / "calibration.json"
+    f.write_text(json.dumps({"texts": ["def f(): pass"]}))
+    monkeypatch.setattr(onnx, "CALIBRATION_FILE", f)
+    with pytest.raises(EmbeddingConfigError, match=r"not the ones this release was built with.*reinstall scopekb"):
+        onnx.calibration_batches(packaged_model_path())
+    f.write_text("{not json")
+    with pytest.raises(EmbeddingConfigError, match=r"cannot read the int8 calibration texts.*reinstall scopekb"):
+        onnx.calibration_batches(packaged_model_path())
+
+
+def test_calibration_batches_are_padded_batches_within_the_model_limit() -> None:
+    from scopekb.embedding.local import packaged_model_path
+    from scopekb.embedding.onnx import calibration_batches
+
+    batches = calibration_batches(packaged_model_path(), 16)
+    texts = json.loads(CALIBRATION_FILE.read_bytes())["texts"]
+    assert sum(b["input_ids"].shape[0] for b in batches) == len(texts)
+    for b in batches:
+        assert b["input_ids"].shape == b["attention_mask"].shape == b["token_type_ids"].shape
+        assert b["input_ids"].shape[0] <= 16 and b["input_ids"].shape[1] <= 256
+        assert b["attention_mask"].sum(axis=1).min() >= 2  # [CLS] and [SEP] at least
 
 
 def test_l2_normalise_keeps_zero_rows() -> None:

@@ -17,11 +17,13 @@ the command that fixes it.
 
 The export (:func:`export_model`, ``scopekb model export``) needs torch and transformers (the ``local`` extra):
 ``torch.onnx.export`` of the Hugging Face model (eager attention, opset 17, dynamic batch and sequence axes),
-output ``last_hidden_state``; ``onnx-int8`` is ``onnxruntime.quantization.quantize_dynamic`` of that export with
-the settings :data:`INT8_QUANTIZATION` (int8 weights, activations quantized at run time). The int8 manifest
-records those settings: an int8 export made with other settings (or before they were recorded) is stale and is
-rebuilt like a partial one, and the settings are part of the ``onnx-int8`` model id
-(:func:`int8_id_suffix`), so vectors of another quantization never share cache entries or an index version.
+output ``last_hidden_state``; ``onnx-int8`` is ``onnxruntime.quantization.quantize_static`` of that export with
+the settings :data:`INT8_QUANTIZATION`: int8 weights, and activations quantized with ranges fixed at export time
+from the packaged calibration texts (:data:`CALIBRATION_FILE`), so a text's int8 vector does not depend on the
+texts embedded beside it. The int8 manifest records those settings: an int8 export made with other settings (or
+before they were recorded, e.g. the dynamic quantization of earlier releases) is stale and is rebuilt like a
+partial one, and the settings are part of the ``onnx-int8`` model id (:func:`int8_id_suffix`), so vectors of
+another quantization never share cache entries or an index version.
 Pooling (mean over the attention mask, or ``[CLS]``, from the model's ``1_Pooling/config.json``) and L2
 normalisation run in numpy.
 """
@@ -59,23 +61,36 @@ MODEL_FILE = "model.onnx"
 OPSET = 17
 #: Bumped when the export procedure changes (a manifest of another format is a stale export: rebuilt).
 FORMAT = 1
-#: ``quantize_dynamic`` settings of the ``onnx-int8`` export: its keyword arguments (``weight_type`` as a
-#: ``QuantType`` name), plus ``keep_fp32: "ffn_output"``, the MatMuls left in fp32 (:func:`ffn_output_matmuls`).
-#: Only the MatMuls are quantized (the word embeddings stay fp32), with one weight scale per output channel, and
-#: each layer's feed-forward output projection stays fp32: its input (the GELU output) has the widest, most
-#: outlier-prone range, which per-tensor dynamic int8 clips. Against fp32: mean cosine 0.94 -> 0.997 on the
-#: bench's chunks and queries, NDCG@10 -0.009 / -0.001 on its two sets (per-tensor on every op: cosine 0.94),
-#: 1.2-1.3 × fp32 onnx throughput in two of three runs (docs/benchmarks.md, "Which int8 quantization keeps
-#: quality"). Changing them gives a new model id and rebuilds existing int8 exports.
-INT8_QUANTIZATION: dict[str, Any] = {"weight_type": "QInt8", "op_types_to_quantize": ["MatMul"],
-                                     "per_channel": True, "keep_fp32": "ffn_output"}
+#: The calibration texts of the static quantization (:func:`_quantize`): a JSON object whose ``texts`` are chunks of
+#: scopekb's own sources and docs as the indexer embeds them, and docstring queries, built by
+#: ``bench/calibration_set.py``; its digest is :data:`CALIBRATION_SHA256`.
+CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
+#: sha256 of :data:`CALIBRATION_FILE` (a unit test checks it): part of :data:`INT8_QUANTIZATION`, so new calibration
+#: texts give a new model id and rebuild existing int8 exports.
+CALIBRATION_SHA256 = "5e2c150963af34205308b53f583917fd686a96ba952536a7d2e1c83b14c8cfae"
+#: Texts per calibration batch (padded to the batch's longest text, as the indexer's batches are).
+CALIBRATION_BATCH = 16
+#: Settings of the ``onnx-int8`` export. ``quantize_static`` (``QOperator`` format: QLinearMatMul kernels) of the
+#: MatMuls only (the word embeddings stay fp32), uint8 activations with MinMax ranges from the calibration texts,
+#: int8 weights with one scale per output channel; ``keep_fp32`` names the MatMuls left in fp32: each layer's
+#: feed-forward output projection (its input, the GELU output, has the widest, most outlier-prone range) and the
+#: attention products (query x key and weights x value, both activations). Against fp32 on 600 texts of four
+#: released libraries: mean cosine 0.995 (min 0.990), a text's vector identical alone and in any batch (the
+#: dynamic quantization shipped before took each activation scale from the whole batch: 0.983 alone vs batched),
+#: 1.14-1.30 x fp32 texts/s in interleaved rounds (docs/benchmarks.md, "Issue 19, a deterministic int8").
+#: Changing them gives a new model id and rebuilds existing int8 exports.
+INT8_QUANTIZATION: dict[str, Any] = {"method": "static", "format": "QOperator", "op_types_to_quantize": ["MatMul"],
+                                     "activation_type": "QUInt8", "weight_type": "QInt8", "per_channel": True,
+                                     "calibrate_method": "MinMax", "calibration_sha256": CALIBRATION_SHA256,
+                                     "calibration_batch": CALIBRATION_BATCH,
+                                     "keep_fp32": ["ffn_output", "attention_products"]}
 
 
 def int8_id_suffix(quantization: dict[str, Any] | None = None) -> str:
     """The model-id suffix of ``onnx-int8`` vectors made with ``quantization`` (None: :data:`INT8_QUANTIZATION`):
     ``+int8-`` and the first 8 hex digits of sha256 over the settings as sorted JSON, so each quantization has
-    its own embedding-cache entries and index version (``+int8`` alone was the per-tensor settings before
-    per-channel weights and fp32 feed-forward outputs)."""
+    its own embedding-cache entries and index version (``+int8`` alone was the per-tensor dynamic settings of the
+    first release; each later setting, the static quantization included, has its own hash)."""
     q = INT8_QUANTIZATION if quantization is None else quantization
     return "+int8-" + hashlib.sha256(json.dumps(q, sort_keys=True).encode()).hexdigest()[:8]
 
@@ -317,7 +332,7 @@ def _build(model_path: Path, backend: str, where: Path, source: Path | None) -> 
         if source is None:
             _export_fp32(model_path, tmp / MODEL_FILE)
         else:
-            kept = _quantize(source / MODEL_FILE, tmp / MODEL_FILE)
+            kept = _quantize(model_path, source / MODEL_FILE, tmp / MODEL_FILE)
         manifest = {"format": FORMAT, "backend": backend, "bytes": (tmp / MODEL_FILE).stat().st_size,
                     "opset": OPSET, "source": str(model_path), "created_at": time.time()}
         if source is not None:
@@ -406,21 +421,91 @@ def ffn_output_matmuls(model_file: Path) -> list[str]:
             and "attention" not in n.name]
 
 
-def _quantize(source: Path, dest: Path) -> list[str]:
-    """``quantize_dynamic`` of the fp32 model file ``source`` into ``dest`` with :data:`INT8_QUANTIZATION`.
+def attention_products(model_file: Path) -> list[str]:
+    """Names of the MatMul nodes that multiply two activations in each encoder layer's self-attention (query x key,
+    then the attention weights x value): ``…/attention/self/MatMul*`` in the Hugging Face BERT export (two per
+    layer, empty for a graph named otherwise)."""
+    import onnx
 
-    Returns:
-        the names of the nodes kept in fp32.
+    m = onnx.load(str(model_file), load_external_data=False)
+    return [n.name for n in m.graph.node if n.op_type == "MatMul" and "/attention/self/MatMul" in n.name]
+
+
+_KEEP_FP32 = {"ffn_output": ffn_output_matmuls, "attention_products": attention_products}
+
+
+def calibration_batches(model_path: Path, batch: int = CALIBRATION_BATCH) -> list[dict[str, np.ndarray]]:
+    """The model inputs of the calibration texts (:data:`CALIBRATION_FILE`), in file order, ``batch`` texts per
+    padded batch, each text cut to the model's ``max_seq_length`` as :class:`scopekb.embedding.local.LocalEmbedder`
+    cuts it.
 
     Raises:
-        EmbeddingConfigError: onnxruntime is not installed.
+        EmbeddingConfigError: the calibration file is missing, unreadable or not the one recorded
+            (:data:`CALIBRATION_SHA256`), or the tokenizer does not load.
+    """
+    from scopekb.embedding.local import WordPieces, pack_batch
+
+    try:
+        raw = CALIBRATION_FILE.read_bytes()
+        texts = json.loads(raw)["texts"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise EmbeddingConfigError(f"cannot read the int8 calibration texts {CALIBRATION_FILE}: {e}; "
+                                   "reinstall scopekb") from e
+    if hashlib.sha256(raw).hexdigest() != CALIBRATION_SHA256:
+        raise EmbeddingConfigError(f"the int8 calibration texts {CALIBRATION_FILE} are not the ones this release "
+                                   "was built with (sha256 differs); reinstall scopekb")
+    _, _, max_len = _pooling(model_path)
+    ids = [s if len(s) <= max_len else [*s[:max_len - 1], s[-1]] for s in WordPieces(model_path).ids(texts)]
+    out = []
+    for i in range(0, len(ids), batch):
+        x, m = pack_batch(ids[i:i + batch], max(len(t) for t in ids[i:i + batch]))
+        out.append({"input_ids": x, "attention_mask": m, "token_type_ids": np.zeros_like(x)})
+    return out
+
+
+def _quantize(model_path: Path, source: Path, dest: Path) -> list[str]:
+    """``quantize_static`` of the fp32 model file ``source`` into ``dest`` with :data:`INT8_QUANTIZATION`, calibrated
+    on :func:`calibration_batches` (the graph is first prepared by ONNX Runtime's ``quant_pre_process``, shape
+    inference and graph optimisation, as its documentation asks; no symbolic shape inference, which this graph's
+    dynamic axes defeat).
+
+    Returns:
+        the names of the MatMul nodes kept in fp32.
+
+    Raises:
+        EmbeddingConfigError: onnxruntime is not installed, or the calibration texts are unusable.
     """
     try:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
+        from onnxruntime.quantization import (
+            CalibrationDataReader,
+            CalibrationMethod,
+            QuantFormat,
+            QuantType,
+            quantize_static,
+        )
+        from onnxruntime.quantization.shape_inference import quant_pre_process
     except ImportError as e:
         raise EmbeddingConfigError("quantizing needs onnxruntime: pip install 'scopekb[local]'") from e
-    kw = json.loads(json.dumps(INT8_QUANTIZATION))  # a deep copy: quantize_dynamic may extend its lists
-    kw["weight_type"] = QuantType[kw["weight_type"]]
-    keep = ffn_output_matmuls(source) if kw.pop("keep_fp32", None) == "ffn_output" else []
-    quantize_dynamic(str(source), str(dest), nodes_to_exclude=keep, **kw)
+    q = INT8_QUANTIZATION
+    batches = calibration_batches(model_path, q["calibration_batch"])
+
+    class _Reader(CalibrationDataReader):  # type: ignore[misc] - onnxruntime's base class is untyped
+        def __init__(self) -> None:
+            self._it = iter(batches)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._it, None)
+
+    keep = sorted({n for k in q["keep_fp32"] for n in _KEEP_FP32[k](source)})
+    prepared = dest.with_name("prepared.onnx")
+    try:
+        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        quantize_static(str(prepared), str(dest), _Reader(), quant_format=QuantFormat[q["format"]],
+                        op_types_to_quantize=list(q["op_types_to_quantize"]),
+                        activation_type=QuantType[q["activation_type"]], weight_type=QuantType[q["weight_type"]],
+                        per_channel=q["per_channel"], nodes_to_exclude=keep,
+                        calibrate_method=CalibrationMethod[q["calibrate_method"]],
+                        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
+    finally:
+        prepared.unlink(missing_ok=True)
     return keep
