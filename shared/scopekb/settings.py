@@ -446,14 +446,15 @@ class EmbeddingSettings(BaseModel):
     local_batch_size: int = 32
     #: Most padded tokens (texts x the longest one's tokens) per forward pass; texts are sorted by length first.
     local_batch_tokens: int = 8192
-    #: ``onnx`` (default: fp32 ONNX Runtime, the same vectors as torch to float rounding, 1.3-2x faster than torch
-    #: on this machine kind), ``torch`` (sentence-transformers) or ``onnx-int8`` (per-channel int8 MatMul weights;
-    #: 1.2-1.3x fp32's texts/s in an interleaved A/B here, but its activations are quantized per batch, so a text's
-    #: vector depends on the texts it is embedded with (cosine 0.983-1.0 to its vector alone) and a query's on the
-    #: queries gathered with it: not the default, docs/benchmarks.md #19). int8 vectors have their own cache entries
-    #: and index version: switching to or from int8 is a reindex. The ONNX backends run an export made once (on
-    #: first use, or ``scopekb model export``) and never import torch.
-    local_backend: Literal["torch", "onnx", "onnx-int8"] = "onnx"
+    #: ``onnx-int8`` (default: ONNX Runtime with int8 MatMul weights and activation ranges fixed at export from
+    #: packaged calibration texts, so a text gets the same vector in any batch; mean cosine 0.995 to fp32, NDCG@10
+    #: within 0.01 on the bench's sets, about 1.2x fp32's texts/s on this machine kind: the fastest backend that
+    #: keeps issue 19's quality bar, docs/benchmarks.md "Issue 19, a deterministic int8"), ``onnx`` (fp32 ONNX
+    #: Runtime, the same vectors as torch to float rounding) or ``torch`` (sentence-transformers). int8 vectors
+    #: have their own cache entries and index version: switching to or from int8 is a ``scopekb reindex`` (an
+    #: index of fp32 vectors is refused with one line naming the reindex and ``onnx``, the value that keeps it).
+    #: The ONNX backends run an export made once (on first use, or ``scopekb model export``) and never import torch.
+    local_backend: Literal["torch", "onnx", "onnx-int8"] = "onnx-int8"
     #: Intra-op threads of the model; 0: the CPUs this process may run on (``os.sched_getaffinity``).
     local_threads: int = 0
     #: Root of the ONNX exports; None: ``$XDG_CACHE_HOME/scopekb/onnx`` (``~/.cache/scopekb/onnx``).

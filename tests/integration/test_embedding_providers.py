@@ -88,9 +88,10 @@ def test_local_truncates_long_inputs_and_reports_tokens(local: LocalEmbedder) ->
 
 
 def test_make_embedder_local_shares_the_model(local: LocalEmbedder) -> None:
-    """The settings' embedder runs the default backend (onnx) on the engine this process already loaded."""
+    """The settings' embedder runs the default backend (onnx-int8: the fastest that keeps issue 19's quality bar) on
+    the engine this process already loaded."""
     e = make_embedder(EmbeddingSettings(provider="local"))
-    assert isinstance(e, LocalEmbedder) and e.backend == local.backend == "onnx"
+    assert isinstance(e, LocalEmbedder) and e.backend == local.backend == "onnx-int8"
     assert e.engine is local.engine
 
 

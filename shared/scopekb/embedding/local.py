@@ -123,7 +123,8 @@ def load_model(model_path: Path, device: str = "cpu") -> Any:
 #: ``onnx``: the same weights exported to ONNX (fp32) and run by ONNX Runtime; ``onnx-int8``: that export with
 #: dynamically quantized int8 weights. The ONNX backends never import torch (see :mod:`scopekb.embedding.onnx`).
 BACKENDS = ("torch", "onnx", "onnx-int8")
-#: The backend of ``LocalEmbedder()`` and of ``embedding.local_backend`` when unset (``onnx``: fp32 ONNX Runtime).
+#: The backend of ``LocalEmbedder()`` and of ``embedding.local_backend`` when unset (``onnx-int8``: statically
+#: quantized ONNX Runtime).
 DEFAULT_BACKEND: str = EmbeddingSettings.model_fields["local_backend"].default
 
 
