@@ -144,6 +144,25 @@ def test_an_int8_export_of_the_old_settings_is_rebuilt(exports: Path, torch_emb:
     assert cos.mean() >= 0.98, cos.mean()
 
 
+def test_an_int8_export_that_loses_quality_is_refused(exports: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model directory whose graph the ``keep_fp32`` node names do not fit gets every MatMul quantized (mean cosine
+    about 0.93 for the packaged model): the export measures its retention and refuses it with one line naming the
+    setting that works, leaving no int8 export behind, instead of indexing with silently worse vectors. The
+    packaged model's export records its retention (>= 0.98)."""
+    from scopekb.embedding import onnx
+
+    man = json.loads((export_path(packaged_model_path(), "onnx-int8", exports) / MANIFEST).read_text())
+    assert man["cosine_to_fp32"] >= onnx.MIN_INT8_COSINE
+    model, d = packaged_model_path(), tmp_path / "exports"
+    shutil.copytree(export_path(model, "onnx", exports), export_path(model, "onnx", d))
+    monkeypatch.setattr(onnx, "_KEEP_FP32", {k: (lambda _f: []) for k in onnx._KEEP_FP32})
+    with pytest.raises(EmbeddingConfigError, match=r"mean cosine of 0\.9[0-7]\d .*LOCAL_BACKEND=onnx for this model"):
+        export_model(model, "onnx-int8", d)
+    assert not export_path(model, "onnx-int8", d).exists()
+    assert [p.name for p in export_path(model, "onnx", d).parent.iterdir() if ".tmp-" in p.name] == []
+
+
 def test_export_is_reused_and_a_partial_one_rebuilt(exports: Path) -> None:
     model = packaged_model_path()
     where, built = export_model(model, "onnx", exports)

@@ -68,6 +68,12 @@ CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
 #: sha256 of :data:`CALIBRATION_FILE` (a unit test checks it): part of :data:`INT8_QUANTIZATION`, so new calibration
 #: texts give a new model id and rebuild existing int8 exports.
 CALIBRATION_SHA256 = "5e2c150963af34205308b53f583917fd686a96ba952536a7d2e1c83b14c8cfae"
+#: Mean cosine of int8 to fp32 vectors an ``onnx-int8`` export must keep on the first :data:`RETENTION_TEXTS`
+#: calibration texts (issue 19's quality bar for a backend), or it is refused (:func:`int8_retention`): the
+#: packaged model keeps 0.995; another model directory whose graph the node names of ``keep_fp32`` do not fit can
+#: fall far below (0.93 with every MatMul quantized).
+MIN_INT8_COSINE = 0.98
+RETENTION_TEXTS = 96
 #: Texts per calibration batch (padded to the batch's longest text, as the indexer's batches are).
 CALIBRATION_BATCH = 16
 #: Settings of the ``onnx-int8`` export. ``quantize_static`` (``QOperator`` format: QLinearMatMul kernels) of the
@@ -333,11 +339,18 @@ def _build(model_path: Path, backend: str, where: Path, source: Path | None) -> 
             _export_fp32(model_path, tmp / MODEL_FILE)
         else:
             kept = _quantize(model_path, source / MODEL_FILE, tmp / MODEL_FILE)
+            cosine = int8_retention(model_path, source / MODEL_FILE, tmp / MODEL_FILE)
+            if cosine < MIN_INT8_COSINE:
+                raise EmbeddingConfigError(
+                    f"the int8 quantization of the local model keeps a mean cosine of {cosine:.3f} to its fp32 "
+                    f"vectors, under the {MIN_INT8_COSINE} this backend promises (a model whose graph the "
+                    "quantization settings do not fit): set SCOPEKB_EMBEDDING__LOCAL_BACKEND=onnx for this model")
         manifest = {"format": FORMAT, "backend": backend, "bytes": (tmp / MODEL_FILE).stat().st_size,
                     "opset": OPSET, "source": str(model_path), "created_at": time.time()}
         if source is not None:
             manifest["quantization"] = INT8_QUANTIZATION
             manifest["fp32_nodes"] = kept
+            manifest["cosine_to_fp32"] = round(cosine, 5)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if where.exists():
             shutil.rmtree(where)
@@ -461,6 +474,37 @@ def calibration_batches(model_path: Path, batch: int = CALIBRATION_BATCH) -> lis
         x, m = pack_batch(ids[i:i + batch], max(len(t) for t in ids[i:i + batch]))
         out.append({"input_ids": x, "attention_mask": m, "token_type_ids": np.zeros_like(x)})
     return out
+
+
+def int8_retention(model_path: Path, fp32_file: Path, int8_file: Path) -> float:
+    """Mean cosine between the pooled, normalised vectors of the fp32 and the int8 model files for the first
+    :data:`RETENTION_TEXTS` calibration texts (about 5 s on this machine kind): the check an ``onnx-int8`` export
+    passes before it is used (:data:`MIN_INT8_COSINE`).
+
+    Raises:
+        EmbeddingConfigError: as :func:`calibration_batches`.
+    """
+    import onnxruntime as ort
+
+    from scopekb.embedding.local import l2_normalise
+
+    pooling = _pooling(model_path)[0]
+    batches = calibration_batches(model_path)[:max(1, RETENTION_TEXTS // CALIBRATION_BATCH)]
+
+    def vectors(f: Path) -> np.ndarray:
+        sess = ort.InferenceSession(str(f), providers=["CPUExecutionProvider"])
+        names = {i.name for i in sess.get_inputs()}
+        rows = []
+        for b in batches:
+            hidden = sess.run(["last_hidden_state"], {k: v for k, v in b.items() if k in names})[0]
+            if pooling == "cls":
+                rows.append(hidden[:, 0])
+            else:
+                m = b["attention_mask"][..., None].astype(np.float32)
+                rows.append((hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9))
+        return l2_normalise(np.concatenate(rows).astype(np.float32))
+
+    return float((vectors(fp32_file) * vectors(int8_file)).sum(axis=1).mean())
 
 
 def _quantize(model_path: Path, source: Path, dest: Path) -> list[str]:
