@@ -210,6 +210,22 @@ def test_s3_project_bucket_exists(s3_client, s3_config):
     assert s3_client.bucket_exists(s3_config["bucket"])
 
 
+def test_s3_has_room_for_the_buckets_of_a_test_run(s3_config):
+    """SeaweedFS gives each bucket a volume of its own and refuses new buckets (500) once its volumes are taken.
+    Its default limit, free disk ÷ volume size, was 199 on this machine, and a CI run failed halfway at
+    ``make_bucket``. scripts/services sets ``-volume.max`` (SCOPEKB_SERVICES_S3_MAX_VOLUMES, default 2000); the
+    master of that ``weed mini`` reports it."""
+    import json
+    import os
+    import urllib.request
+
+    host = s3_config["endpoint"].rsplit(":", 1)[0]
+    port = os.environ.get("SCOPEKB_SERVICES_WEED_MASTER_PORT", "9333")
+    with urllib.request.urlopen(f"http://{host}:{port}/dir/status", timeout=10) as resp:
+        topology = json.load(resp)["Topology"]
+    assert topology["Max"] >= 1000, topology
+
+
 # ----------------------------------------------------------------------------------------------- Redis
 
 
