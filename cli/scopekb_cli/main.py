@@ -153,9 +153,11 @@ def _celery_logging() -> None:
 def _rt() -> Runtime:
     s = get_settings()
     _quiet_logging()
-    # With an embedding queue the local model loads on first use (issue 19): `scopekb worker` checks the index in
-    # its parent process, whose forks must not carry torch when they only sync.
-    return build_runtime(s, name="scopekb-cli", lazy_embedder=bool(s.worker.embed_queue))
+    # The local model loads on first use (issue 19): `scopekb worker` checks the index in its parent process, whose
+    # forks must not carry torch when they only sync; `status` and the like never load it; and a model that cannot
+    # be loaded (an export folder that cannot be written) fails the commands that embed, while a search answers
+    # by keyword with a notice.
+    return build_runtime(s, name="scopekb-cli", lazy_embedder=True)
 
 
 @app.command()
@@ -327,21 +329,28 @@ def reindex_cmd(wait_s: Annotated[int, typer.Option(help="seconds to wait for ru
               f"{rep.embeddings_computed} embeddings computed, {rep.embeddings_cached} cached, {rep.seconds}s")
 
 
+class ExportBackend(StrEnum):
+    """``scopekb model export --backend``: one ONNX backend, or both."""
+
+    onnx = "onnx"
+    onnx_int8 = "onnx-int8"
+    all = "all"
+
+
 @model_app.command("export")
-def model_export(backend: Annotated[str, typer.Option(help="onnx, onnx-int8 or all")] = "all",
+def model_export(backend: Annotated[ExportBackend, typer.Option(help="onnx, onnx-int8 or all")] = ExportBackend.all,
                  force: Annotated[bool, typer.Option(help="rebuild even a complete export")] = False) -> None:
     """Export the local model to ONNX (fp32 and/or int8) into ``embedding.local_export_dir``, once, offline.
 
-    A complete export is reused; a partial one (an interrupted export) is rebuilt. Needs the ``local`` extra.
+    A complete export is reused; a partial or damaged one (an interrupted export, a file that differs from the
+    sha256 its manifest records) is rebuilt; ``--force`` rebuilds any. Needs the ``local`` extra.
     """
     from scopekb.embedding.local import packaged_model_path
     from scopekb.embedding.onnx import VARIANTS, export_model
 
-    if backend != "all" and backend not in VARIANTS:
-        raise CliError(f"unknown backend {backend!r}: choose onnx, onnx-int8 or all")
     emb = get_settings().embedding
     path = emb.local_model_path or packaged_model_path()
-    for b in (list(VARIANTS) if backend == "all" else [backend]):
+    for b in (list(VARIANTS) if backend == ExportBackend.all else [backend.value]):
         where, built = export_model(path, b, emb.local_export_dir, force=force)
         out.print(f"{b}: {'exported' if built else 'already exported'} at {where}")
 
@@ -1001,6 +1010,7 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from pydantic import ValidationError
 
+    from scopekb.embedding.base import EmbeddingError
     from scopekb.errors import ScopekbError, Transient
     from scopekb.folders import FolderError
     from scopekb.gitrepo import GitError
@@ -1018,7 +1028,7 @@ def main() -> None:
         hint = "" if isinstance(e, GitError) else " (check the SCOPEKB_OPENSEARCH/REDIS/S3 settings; " \
             "scripts/services up)"
         _fail(f"{e}{hint}")
-    except (CliError, ScopekbError, FolderError) as e:
+    except (CliError, ScopekbError, FolderError, EmbeddingError) as e:
         _fail(str(e))
     except ValidationError as e:
         from scopekb.render import validation_message
@@ -1028,7 +1038,7 @@ def main() -> None:
         err.print("interrupted", markup=False, highlight=False)
         sys.exit(130)
     except StoreVersionMismatch as e:
-        _fail(f"{e} (run `scopekb reindex`)")
+        _fail(str(e) if "scopekb reindex" in str(e) else f"{e} (run `scopekb reindex`)")
     except OSError as e:  # a data folder that is a file, unwritable, full; a socket refused
         _fail(f"{e.strerror or type(e).__name__}: {e.filename or e}" if e.filename else str(e) or repr(e))
     except Exception as e:  # noqa: BLE001 - the CLI's contract: one line, exit 1, never a traceback
@@ -1061,7 +1071,9 @@ def _fail(message: str, code: int = 1) -> None:
     usage error)."""
     from scopekb.render import one_line
 
-    err.print(f"error: {one_line(message, 400)}", markup=False, highlight=False)
+    # 1000: the longest of our own messages (an index/model mismatch naming both model ids and both fixes) is
+    # about 450 characters; the bound is for text that echoes a caller's input
+    err.print(f"error: {one_line(message, 1000)}", markup=False, highlight=False)
     sys.exit(code)
 
 

@@ -526,4 +526,61 @@ def run_stdio(key: str, settings: Settings | None = None, embed: QueryEmbedder |
         raise Unauthenticated("unknown or revoked key")
     rt.chunks.ensure_index()
     server = build_mcp_server(rt, stdio_key_of(rt.keys, key), embed)
-    anyio.run(server.run_stdio_async)
+    anyio.run(_serve_stdio, server)
+
+
+async def _serve_stdio(server: MCPServer) -> None:
+    """``server.run_stdio_async`` with every message the SDK cannot parse answered (:func:`_unparsed_answer`)."""
+    from mcp.server.stdio import stdio_server
+
+    async with stdio_server() as (read_stream, write_stream):
+        send, receive = anyio.create_memory_object_stream[Any](0)
+
+        async def screen() -> None:
+            async with send, read_stream:
+                async for item in read_stream:
+                    answer = _unparsed_answer(item) if isinstance(item, Exception) else None
+                    if answer is not None:
+                        await write_stream.send(answer)
+                    else:
+                        await send.send(item)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(screen)
+            low = server._lowlevel_server  # what MCPServer.run_stdio_async runs on the same streams
+            await low.run(receive, write_stream, low.create_initialization_options())
+            tg.cancel_scope.cancel()
+
+
+def _unparsed_answer(exc: Exception) -> Any:
+    """The JSON-RPC error answer to a stdin line the SDK could not parse, or None (the SDK's own handling).
+
+    The SDK hands such a line to the session as an exception and answers nothing, so the caller waits for ever
+    (hostile review of issue 19: ``tools/call search`` with the query ``"\\ud800"``; the SDK's JSON parser refuses
+    a lone UTF-16 surrogate escape, which Python's accepts). A line Python parses that carries an ``id`` gets
+    ``-32602`` (invalid params) naming the first string with a lone surrogate, as REST's 400 does, or ``-32600``;
+    a line that is no JSON at all gets ``-32700`` (parse error) with a null id, as JSON-RPC 2.0 says (§5.1).
+    Nothing of the line is echoed but the path of keys."""
+    from mcp.shared.message import SessionMessage
+    from mcp.types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
+
+    from scopekb.http.unicode import LONE_SURROGATE, lone_surrogate_at
+
+    errors = exc.errors() if isinstance(exc, ValidationError) else []
+    line = errors[0].get("input") if errors and errors[0].get("type") == "json_invalid" else None
+    if not isinstance(line, str):
+        return None
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(
+            code=PARSE_ERROR, message="parse error: the line is not JSON")))
+    rid = msg.get("id") if isinstance(msg, dict) else None
+    if not isinstance(rid, int | str) or isinstance(rid, bool):
+        return None  # a notification or a response: nothing to answer
+    where = lone_surrogate_at(msg.get("params"), "params")
+    error = (ErrorData(code=INVALID_PARAMS, message=f"invalid arguments: {field(where, 200)}: {LONE_SURROGATE}")
+             if where else ErrorData(code=INVALID_REQUEST, message="invalid request: the SDK could not parse it"))
+    if isinstance(rid, str) and lone_surrogate_at(rid) is not None:
+        rid = None  # an id that cannot be written back
+    return SessionMessage(JSONRPCError(jsonrpc="2.0", id=rid, error=error))

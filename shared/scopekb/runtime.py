@@ -397,7 +397,7 @@ def build_runtime(settings: Settings, with_embedder: bool = True, interactive: b
     Embedded runtimes are shared per process and data dir, and always carry the embedder.
     """
     if is_embedded(settings):
-        rt = build_embedded_runtime(settings)
+        rt = build_embedded_runtime(settings, lazy_embedder=lazy_embedder)
         return dataclasses.replace(rt, tasks=InProcessTasks(rt)) if standalone else rt
     client = make_client(settings.opensearch, interactive=interactive, pool_maxsize=pool_size(settings))
     os_cfg = settings.opensearch
@@ -450,28 +450,29 @@ _EMBEDDED: dict[str, Runtime] = {}
 _EMBEDDED_LOCK = threading.Lock()
 
 
-def build_embedded_runtime(settings: Settings) -> Runtime:
+def build_embedded_runtime(settings: Settings, lazy_embedder: bool = False) -> Runtime:
     """One process, no servers (DESIGN §7): SQLite chunk and record stores, blobs in a folder, the local model
     when installed, an SQLite embedding cache — all under ``settings.data_dir``. One runtime per data dir and
     process, shared by the query API, the ingester and the in-process worker (one store sees every write).
     The stores, embedder, coordination and task producer are shared; the returned runtime carries the caller's
-    ``settings`` (admin token, limits) and its own key-lookup cache."""
+    ``settings`` (admin token, limits) and its own key-lookup cache. ``lazy_embedder``: as
+    :func:`build_runtime` (the process's first build decides)."""
     key = str(Path(settings.data_dir).resolve())
     settings = settings.model_copy(update={"git": settings.git.model_copy(update={"allow_local_paths": True})})
     with _EMBEDDED_LOCK:
         if key not in _EMBEDDED:
-            _EMBEDDED[key] = _new_embedded_runtime(settings)
+            _EMBEDDED[key] = _new_embedded_runtime(settings, lazy_embedder)
         return dataclasses.replace(_EMBEDDED[key], settings=settings)
 
 
-def _new_embedded_runtime(settings: Settings) -> Runtime:
+def _new_embedded_runtime(settings: Settings, lazy_embedder: bool = False) -> Runtime:
     from scopekb.blobs import LocalBlobStore
     from scopekb.embedding import SQLiteEmbeddingCache
     from scopekb.stores.sqlite import SqliteChunkStore, SqliteRecordStore
 
     data = Path(settings.data_dir)
     data.mkdir(parents=True, exist_ok=True)
-    embedder, counter = embedding_setup(settings)
+    embedder, counter = embedding_setup(settings, lazy=lazy_embedder)
     chunks = SqliteChunkStore(data / "index.sqlite3", dimension=embedder.dimension if embedder else None,
                               model=embedder.model_id if embedder else None,
                               encoder=settings.opensearch.knn_encoder)

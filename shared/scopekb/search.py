@@ -13,6 +13,7 @@ from typing import Any
 
 from scopekb import fields as F
 from scopekb import rerank, scoring, tuning
+from scopekb.embedding.base import EmbeddingConfigError, is_blank
 from scopekb.errors import Refused
 from scopekb.logging import get_logger
 from scopekb.models import (
@@ -294,7 +295,10 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
     both = getattr(store, "hybrid_search", None) if req.mode == SearchMode.hybrid else None
     boosts = {"boosts": chosen.boosts} if chosen is not None and chosen.boosts is not None else {}
     kw_done = False
-    if req.mode != SearchMode.keyword:
+    if req.mode != SearchMode.keyword and is_blank(req.query):  # zero-width or control characters only: its
+        # vector would be the model's [CLS] [SEP] and rank arbitrary chunks (hostile review of issue 19)
+        notice = "the query has no visible characters to embed; answered by keyword"
+    elif req.mode != SearchMode.keyword:
         try:
             if both is not None:  # one round trip for both lists (issue 20)
                 kw, vh = both(req.query, embed(req.query), flt, depth, depth, **boosts)
@@ -302,6 +306,9 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
             else:
                 vh = store.vector_search(embed(req.query), flt, depth if req.mode == SearchMode.hybrid else size)
         except StoreVersionMismatch as e:  # the alias moved to another model mid-flight: answer by keyword
+            notice = f"vector search unavailable ({e}); answered by keyword"
+        except EmbeddingConfigError as e:  # the query embedder cannot be built or configured (an export folder
+            # that cannot be written, a rejected API key): a settings problem, answered by keyword, not a 5xx
             notice = f"vector search unavailable ({e}); answered by keyword"
     kw_norm: dict[str, float] = {}
     rerank_on = chosen is not None and chosen.rerank and cfg.rerank != "off"

@@ -489,7 +489,11 @@ class EmbeddingSettings(BaseModel):
 class Settings(BaseSettings):
     """All scopekb settings. Nested groups are set with ``SCOPEKB_<GROUP>__<FIELD>``."""
 
-    model_config = SettingsConfigDict(env_prefix="SCOPEKB_", env_nested_delimiter="__", extra="ignore")
+    #: ``env_ignore_empty``: a variable set to the empty string means the setting's default, as when it is unset
+    #: (``SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR=`` once meant the working directory; ``.env.example`` lists settings
+    #: as ``NAME=`` lines, and compose files pass ``${NAME:-}``).
+    model_config = SettingsConfigDict(env_prefix="SCOPEKB_", env_nested_delimiter="__", extra="ignore",
+                                      env_ignore_empty=True)
 
     #: ``json`` for services (one JSON object per line), ``console`` for terminals, ``auto`` picks by TTY.
     log_format: str = "auto"

@@ -275,3 +275,71 @@ def test_mcp_stdio_embedded_profile_indexes_in_process(tmp_path: Path) -> None:
     status, hit = anyio.run(go)
     assert src.id in status and "1 documents" in status, status
     assert hit.split("\n")[2].startswith("[1] pkg/widgets.py:"), hit
+
+
+def _raw_stdio_exchange(env: dict[str, str], cwd: Path, key: str, lines: list[str]) -> list[dict[str, Any] | None]:
+    """Start ``run_stdio(key)``, initialise it, then write each raw line of ``lines`` and read one answer line (or
+    None after 30 s: no answer)."""
+    import json
+    import select
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from scopekb_query.mcp_server import run_stdio; run_stdio(sys.argv[1])",
+         key], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd)
+    assert p.stdin is not None and p.stdout is not None
+
+    def send(raw: str) -> None:
+        p.stdin.write(raw.encode() + b"\n")  # type: ignore[union-attr]
+        p.stdin.flush()  # type: ignore[union-attr]
+
+    def answer() -> dict[str, Any] | None:
+        ready, _, _ = select.select([p.stdout], [], [], 30)
+        return json.loads(p.stdout.readline()) if ready else None  # type: ignore[union-attr]
+
+    try:
+        send(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}))
+        assert (answer() or {}).get("id") == 0
+        send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        out = []
+        for line in lines:
+            send(line)
+            out.append(answer())
+        return out
+    finally:
+        p.kill()
+        p.wait(timeout=30)
+
+
+def _assert_unparsable_lines_are_answered(env: dict[str, str], cwd: Path, key: str) -> None:
+    """A lone UTF-16 surrogate escape in a tool's arguments (valid JSON text, which the SDK's parser refuses and
+    then never answered: hostile review of issue 19), and a line that is not JSON, each get a JSON-RPC error
+    answer; the session goes on answering."""
+    call = '{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "search", "arguments": %s}}'
+    got = _raw_stdio_exchange(env, cwd, key, [
+        call % (1, r'{"query": "\ud800"}'), call % (2, r'{"query": "ok", "context_id": "x\udfffy"}'),
+        "this is not json", call % (3, '{"query": "reticulate"}')])
+    assert got[0] is not None and got[0]["id"] == 1 and got[0]["error"]["code"] == -32602, got[0]
+    assert "params.arguments.query" in got[0]["error"]["message"] and "lone UTF-16 surrogate" in got[0]["error"][
+        "message"]
+    assert got[1] is not None and got[1]["id"] == 2 and "params.arguments.context_id" in got[1]["error"]["message"]
+    assert got[2] is not None and got[2]["id"] is None and got[2]["error"]["code"] == -32700, got[2]
+    assert got[3] is not None and got[3]["id"] == 3 and "result" in got[3], got[3]
+
+
+def test_mcp_stdio_answers_lines_it_cannot_parse_distributed(stack: Stack, mcp_world: dict[str, Any]) -> None:
+    _assert_unparsable_lines_are_answered(stack.env, ROOT, mcp_world["keys"]["other"])
+
+
+def test_mcp_stdio_answers_lines_it_cannot_parse_embedded(tmp_path: Path) -> None:
+    from scopekb.auth import ApiKey, new_key
+    from scopekb.runtime import build_runtime
+    from scopekb.settings import Settings
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCOPEKB_")}
+    env.update({"SCOPEKB_PROFILE": "embedded", "SCOPEKB_DATA_DIR": str(tmp_path / "data"),
+                "SCOPEKB_EMBEDDING__PROVIDER": "none"})
+    rt = build_runtime(Settings(profile="embedded", data_dir=tmp_path / "data", embedding={"provider": "none"}))
+    secret, h = new_key()
+    rt.records.put("keys", "key_raw", ApiKey(id="key_raw", agent_name="laptop", key_hash=h).model_dump(mode="json"))
+    _assert_unparsable_lines_are_answered(env, tmp_path, secret)

@@ -80,6 +80,29 @@ def test_embedded_bad_inputs_are_one_line_errors(tmp_path: Path, folder: Path) -
         assert_one_line_error(run(args, env, tmp_path), needle)
 
 
+def test_model_settings_that_cannot_work_are_one_line_errors(tmp_path: Path) -> None:
+    """A local model path that is not a model folder, an export folder that cannot be written (hostile review of
+    issue 19: Hugging Face's "Repo id must be..." with a class-name prefix, a fix that failed the same way, and a
+    lock file left behind), each as one line naming the setting; an unknown ``--backend`` is click's usage
+    error (exit 2)."""
+    env = base_env(tmp_path)
+    exports = tmp_path / "exports"
+    cases = [
+        ({"SCOPEKB_EMBEDDING__LOCAL_MODEL_PATH": str(tmp_path / "nope")}, "no local model directory"),
+        ({"SCOPEKB_EMBEDDING__LOCAL_MODEL_PATH": str(tmp_path)}, "is not a sentence-transformers model folder"),
+        ({"SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR": str(tmp_path / "file" / "x")}, "cannot write the ONNX export"),
+    ]
+    (tmp_path / "file").write_text("a file, not a folder")
+    for extra, needle in cases:
+        p = run(["model", "export", "--backend", "onnx"],
+                {**env, "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR": str(exports), **extra}, tmp_path)
+        assert_one_line_error(p, needle, "SCOPEKB_EMBEDDING__LOCAL_")
+        assert "EmbeddingConfigError" not in p.stderr and "scopekb model export" not in p.stderr, p.stderr
+    assert not exports.exists()  # nothing was started: no lock file, no temporary folder
+    p = run(["model", "export", "--backend", "bogus"], env, tmp_path)
+    assert p.returncode == 2 and "'bogus' is not one of" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
 def test_embedded_init_succeeds(tmp_path: Path) -> None:
     """``scopekb init`` in the embedded profile (README newcomer: an AttributeError on the SQLite store's alias)."""
     p = run(["init"], base_env(tmp_path), tmp_path)

@@ -30,6 +30,7 @@ from scopekb.embedding.onnx import (
     export_in_child,
     export_model,
     export_path,
+    file_sha256,
     int8_id_suffix,
 )
 from scopekb.settings import EmbeddingSettings
@@ -179,9 +180,30 @@ def test_export_is_reused_and_a_partial_one_rebuilt(exports: Path) -> None:
     assert json.loads((where / MANIFEST).read_text())["bytes"] == len(data) and before != ""
     LocalEmbedder(backend="onnx", export_dir=exports).embed_query("works again")
 
-    # a file of the right size but broken content: one clear error naming the fix
+    # bytes of the weights changed, the size kept (hostile review of issue 19: it loaded and gave other vectors
+    # under the same model id): damaged, refused with the fix, rebuilt by export and by first use
+    good = LocalEmbedder(backend="onnx", export_dir=exports).embed_query("the same vector again")
+    flipped = bytearray(data)
+    for i in range(len(data) // 2, len(data) // 2 + 4096):
+        flipped[i] ^= 0x55
+    (where / MODEL_FILE).write_bytes(bytes(flipped))
+    with pytest.raises(EmbeddingConfigError, match=r"damaged .*sha256.*scopekb model export --backend onnx"):
+        LocalEmbedder(backend="onnx", export_dir=exports, auto_export=False)
+    killed = where.parent / f".{where.name}.tmp-killed"  # what a build killed mid-way leaves behind
+    killed.mkdir()
+    (killed / MODEL_FILE).write_bytes(b"half")
+    assert export_model(model, "onnx", exports) == (where, True)
+    assert (where / MODEL_FILE).read_bytes() == data  # the export is deterministic
+    assert not killed.exists()  # removed by the next build
+    (where / MODEL_FILE).write_bytes(bytes(flipped))
+    again = LocalEmbedder(backend="onnx", export_dir=exports).embed_query("the same vector again")  # auto-export
+    assert np.abs(np.array(again) - np.array(good)).max() < 1e-6
+
+    # a manifest that vouches for a file that does not load: one clear error naming the forced rebuild
     (where / MODEL_FILE).write_bytes(b"\0" * len(data))
-    with pytest.raises(EmbeddingConfigError, match=r"does not load.*scopekb model export --backend onnx"):
+    man = json.loads((where / MANIFEST).read_text())
+    (where / MANIFEST).write_text(json.dumps({**man, "sha256": file_sha256(where / MODEL_FILE)}))
+    with pytest.raises(EmbeddingConfigError, match=r"does not load.*scopekb model export --backend onnx --force"):
         LocalEmbedder(backend="onnx", export_dir=exports)
     export_model(model, "onnx", exports, force=True)
 
@@ -214,7 +236,8 @@ def test_cli_export_reports_reuse(exports: Path) -> None:
     assert "onnx: already exported" in r.stdout and "onnx-int8: already exported" in r.stdout
     bad = subprocess.run([sys.executable, "-c", "from scopekb_cli.main import main; main()", "model", "export",
                           "--backend", "fp16"], capture_output=True, text=True, env=env, timeout=120)
-    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "choose onnx, onnx-int8 or all" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "is not one of 'onnx', 'onnx-int8', 'all'" in bad.stderr
 
 
 @pytest.mark.parametrize("backend", ["onnx", "onnx-int8", None], ids=["onnx", "onnx-int8", "default"])

@@ -239,6 +239,55 @@ def test_an_index_of_the_other_local_backend_names_both_fixes(backend: Backend) 
     assert "scopekb reindex" in str(other.value) and "LOCAL_BACKEND" not in str(other.value)
 
 
+def test_a_search_with_another_model_than_the_index_is_refused_and_answered_by_keyword(backend: Backend) -> None:
+    """A process whose query embedder is of another model (same dimension) than the index's vectors: the kNN is
+    refused (the cosine between two vector spaces ranks nothing), and ``run_search`` answers by keyword with a
+    notice naming the fix, in both modes; the index is untouched (hostile review of issue 19: OpenSearch checked the
+    model only when a writer or the service started, so a CLI search or a query service left running across a
+    `scopekb reindex` that switched the backend answered silently)."""
+    fp32, int8 = "local:all-MiniLM-L6-v2@gt-0.1.0", "local:all-MiniLM-L6-v2@gt-0.1.0+int8-0123abcd"
+    built = backend.make("search-model", model=fp32)
+    docs = scope_docs(0)
+    assert built.bulk_write(docs, refresh=True).errors == []
+    probe = docs[0][F.EMBEDDING]
+    assert built.vector_search(probe, flt(scope(0)), 3)[0][0] == docs[0]["_id"]
+    other = backend.make("search-model", model=int8, ensure=False)  # a reader: it never calls ensure_index
+    with pytest.raises(StoreVersionMismatch, match=r"int8.*LOCAL_BACKEND=onnx to keep"):
+        other.vector_search(probe, flt(scope(0)), 3)
+    for mode in ("vector", "hybrid"):
+        resp = search(other, COMMON, scope(0), mode, embed=embedder({}), max_results=50)
+        assert resp.notice and "answered by keyword" in resp.notice and "scopekb reindex" in resp.notice, resp.notice
+        assert {(h.path, h.start_line) for h in resp.hits} == {(d[F.PATH], d[F.START_LINE]) for d in docs}
+    assert built.vector_search(probe, flt(scope(0)), 3)[0][0] == docs[0]["_id"]  # the index still answers
+
+
+def test_a_query_embedder_that_cannot_work_or_a_query_with_nothing_to_embed_answers_by_keyword(
+        corpus: ChunkStore) -> None:
+    """Vector and hybrid modes answer by keyword with a notice when the query embedder cannot be built (a settings
+    problem such as an export folder that cannot be written: it was a failed CLI search and a 500 over REST), or
+    when the query has no visible character (zero-width spaces embedded as ``[CLS] [SEP]`` ranked arbitrary
+    chunks); hostile review of issue 19."""
+    from scopekb.embedding.base import EmbeddingConfigError
+
+    def broken(_text: str) -> Sequence[float]:
+        raise EmbeddingConfigError("cannot write the ONNX export directory /x: set SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR")
+
+    calls: list[str] = []
+
+    def counting(text: str) -> Sequence[float]:
+        calls.append(text)
+        return vec_for("query:" + text)
+
+    want = {d["_id"] for d in CORPUS if (d[F.AGENT_NAME], d[F.CONTEXT_ID]) == SCOPES[0]}
+    for mode in ("vector", "hybrid"):
+        resp = search(corpus, COMMON, scope(0), mode, embed=broken, max_results=50)
+        assert resp.notice and "LOCAL_EXPORT_DIR" in resp.notice and "answered by keyword" in resp.notice
+        assert len(resp.hits) == len(want) and all(h.path for h in resp.hits)
+        blank = search(corpus, "\u200b\u200d\ufeff", scope(0), mode, embed=counting)
+        assert blank.notice and "no visible characters" in blank.notice and blank.hits == [], blank
+    assert calls == []
+
+
 def test_stored_fields_round_trip_without_the_vector(corpus: ChunkStore) -> None:
     want = doc_of(0, "src/upload/retry.go")
     hits = corpus.keyword_search("retryUpload", flt(scope(0)), 5)

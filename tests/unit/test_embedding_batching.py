@@ -86,7 +86,7 @@ def test_an_int8_export_of_other_quantization_settings_is_stale(tmp_path: Path, 
     """An int8 manifest must record today's quantization settings; one written before they were recorded, or with
     other settings, reads as no export (so it is rebuilt), while the fp32 manifest needs no settings."""
     (tmp_path / MODEL_FILE).write_bytes(b"x" * 10)
-    man = {"format": FORMAT, "backend": "onnx-int8", "bytes": 10}
+    man = {"format": FORMAT, "backend": "onnx-int8", "bytes": 10, "sha256": hashlib.sha256(b"x" * 10).hexdigest()}
     (tmp_path / MANIFEST).write_text(json.dumps(man if recorded is None else {**man, "quantization": recorded}))
     assert read_manifest(tmp_path) is None
     assert _state(tmp_path).startswith("stale")
@@ -139,3 +139,30 @@ def test_calibration_batches_are_padded_batches_within_the_model_limit() -> None
 def test_l2_normalise_keeps_zero_rows() -> None:
     out = l2_normalise(np.array([[3.0, 4.0], [0.0, 0.0]]))
     assert np.allclose(out, [[0.6, 0.8], [0.0, 0.0]]) and out.dtype == np.float32
+
+
+def test_an_export_is_complete_only_with_the_recorded_sha256(tmp_path: Path) -> None:
+    """Same size, other bytes (hostile review of issue 19: flipped weights loaded and gave other vectors under the
+    same model id): damaged; no sha256 recorded (an export of an earlier release): stale; both read as no export,
+    so they are rebuilt (the export is deterministic: the same vectors)."""
+    (tmp_path / MODEL_FILE).write_bytes(b"weights!")
+    man = {"format": FORMAT, "backend": "onnx", "bytes": 8, "sha256": hashlib.sha256(b"weights!").hexdigest()}
+    (tmp_path / MANIFEST).write_text(json.dumps(man))
+    assert read_manifest(tmp_path) == man
+    (tmp_path / MODEL_FILE).write_bytes(b"weights?")
+    assert read_manifest(tmp_path) is None and _state(tmp_path).startswith("damaged")
+    (tmp_path / MANIFEST).write_text(json.dumps({k: v for k, v in man.items() if k != "sha256"}))
+    assert read_manifest(tmp_path) is None and _state(tmp_path).startswith("stale")
+    (tmp_path / MODEL_FILE).write_bytes(b"weights")
+    assert read_manifest(tmp_path) is None and _state(tmp_path) == "partial"
+
+
+def test_a_lone_surrogate_is_tokenized_as_the_replacement_character() -> None:
+    """``"\\ud800"`` in JSON is a lone surrogate in a Python ``str``: the tokenizer refused the whole batch for it
+    (hostile review of issue 19); now that text reads as U+FFFD and the batch's other texts are unchanged."""
+    from scopekb.embedding.local import WordPieces, packaged_model_path, valid_unicode
+
+    w = WordPieces(packaged_model_path())
+    assert valid_unicode("a\ud800b\udfff") == "a\ufffdb\ufffd"
+    assert w.ids(["hello world", "a\ud800b"]) == w.ids(["hello world", "a\ufffdb"])
+    assert w.one("x\udc00") == w.one("x\ufffd") and w.ids(["hello world"])[0] == w.one("hello world")

@@ -115,3 +115,28 @@ def test_cli_indexes_a_folder_with_a_relative_data_dir(how: str, tmp_path: Path)
     s = subprocess.run([*args, *(["--data-dir", "rel"] if how == "--data-dir" else []), "search", "relmarker",
                         "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert s.returncode == 0 and "notes/a.md" not in s.stderr and '"a.md"' in s.stdout, (s.stdout, s.stderr)
+
+
+def test_an_empty_setting_from_the_environment_means_its_default(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NAME=`` (an uncommented ``.env.example`` line, a compose ``${NAME:-}``) means the default, as when unset:
+    an empty path setting once meant the working directory (hostile review of issue 19: the ONNX exports went to
+    wherever the command ran), and an empty OpenSearch URL chose the distributed profile."""
+    from scopekb.settings import is_embedded
+
+    monkeypatch.chdir(tmp_path)
+    for name in [k for k in os.environ if k.startswith("SCOPEKB_")]:
+        monkeypatch.delenv(name)
+    for field in path_fields(Settings):
+        monkeypatch.setenv("SCOPEKB_" + "__".join(f.upper() for f in field), "")
+    for name in ("SCOPEKB_OPENSEARCH__URL", "SCOPEKB_EMBEDDING__DIMENSIONS", "SCOPEKB_WORKER__EMBED_QUEUE"):
+        monkeypatch.setenv(name, "")
+    s = Settings()
+    for field in path_fields(Settings):
+        got = s
+        for part in field:
+            got = getattr(got, part)
+        assert got != tmp_path, field
+    assert s.embedding.local_export_dir is None and s.git.cache_dir is None and s.data_dir == default_data_dir()
+    assert s.embedding.dimensions is None and s.worker.embed_queue == "" and is_embedded(s)
+    assert s.opensearch.url == Settings.model_fields["opensearch"].default_factory().url

@@ -9,6 +9,7 @@ unreachable after the bounded retries) raise instead: the whole batch has to be 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -43,9 +44,17 @@ class EmbeddingConfigError(EmbeddingError):
         self.status = status
 
 
+#: A character that shows: not whitespace, not a control character (Unicode Cc) and not one of the invisible
+#: format characters (Cf: soft hyphen, zero-width space/joiners, bidi marks and overrides, word joiner, BOM).
+_VISIBLE = re.compile("[^\\s\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u206f"
+                      "\ufeff\ufff9-\ufffb]")
+
+
 def is_blank(text: str) -> bool:
-    """True for texts that are never sent to a provider: empty or only whitespace."""
-    return not text or text.isspace()
+    """True for texts that are never sent to a provider: empty, or nothing but whitespace, control characters and
+    invisible format characters (a query of zero-width spaces embedded as ``[CLS] [SEP]`` and ranked arbitrary
+    chunks: hostile review of issue 19). One regex search that stops at the first visible character."""
+    return not text or _VISIBLE.search(text) is None
 
 
 def live_inputs(texts: Sequence[str], count_tokens: Callable[[Sequence[str]], list[int]]

@@ -15,7 +15,9 @@ once offline by ``scopekb model export`` (:mod:`scopekb.embedding.onnx`) and nev
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,31 @@ def packaged_model_path() -> Path:
     if not (path / "modules.json").is_file():
         raise EmbeddingConfigError(f"{MODEL_WHEEL} is installed but has no model files under {path}")
     return path
+
+
+#: The files of a sentence-transformers model directory that the local backends read before any weights.
+MODEL_DIR_FILES = ("config.json", "tokenizer.json", "sentence_bert_config.json", "1_Pooling/config.json")
+
+
+def check_model_dir(model_path: Path) -> Path:
+    """``model_path`` when it is a sentence-transformers model directory (it holds :data:`MODEL_DIR_FILES`).
+
+    Raises:
+        EmbeddingConfigError: it is not; the message names the path, what is missing and the setting
+            (``SCOPEKB_EMBEDDING__LOCAL_MODEL_PATH``). Checked before a load or an export, which would otherwise fail
+            deep in a library (a hostile review of issue 19 got Hugging Face's "Repo id must be..." for a missing
+            folder, and an export lock file left in the export directory).
+    """
+    if not model_path.is_dir():
+        raise EmbeddingConfigError(
+            f"no local model directory at {model_path} (SCOPEKB_EMBEDDING__LOCAL_MODEL_PATH): give the folder of a "
+            "sentence-transformers model, or leave the setting unset for the packaged one")
+    missing = [f for f in MODEL_DIR_FILES if not (model_path / f).is_file()]
+    if missing:
+        raise EmbeddingConfigError(
+            f"{model_path} (SCOPEKB_EMBEDDING__LOCAL_MODEL_PATH) is not a sentence-transformers model folder: it has "
+            f"no {', '.join(missing)}")
+    return model_path
 
 
 def default_model_id(model_path: Path | None, backend: str = "torch") -> str:
@@ -165,14 +192,30 @@ class WordPieces:
         self.pad_id = int(tok.token_to_id("[PAD]") or 0)
 
     def ids(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text, special tokens included, not truncated (one Rust call for the batch)."""
+        """Token ids of each text, special tokens included, not truncated (one Rust call for the batch). A lone
+        UTF-16 surrogate (not valid Unicode; the tokenizer refuses the whole batch for it) is read as U+FFFD."""
         if not texts:
             return []
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=True)]
+        try:
+            return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=True)]
+        except (TypeError, ValueError, UnicodeError):
+            return [e.ids for e in self._tok.encode_batch([valid_unicode(t) for t in texts], add_special_tokens=True)]
 
     def one(self, text: str) -> list[int]:
         """Token ids of one text (as :meth:`ids`)."""
-        return self._tok.encode(text, add_special_tokens=True).ids
+        try:
+            return self._tok.encode(text, add_special_tokens=True).ids
+        except (TypeError, ValueError, UnicodeError):
+            return self._tok.encode(valid_unicode(text), add_special_tokens=True).ids
+
+
+def valid_unicode(text: str) -> str:
+    """``text`` with each lone UTF-16 surrogate (U+D800-U+DFFF, which JSON's ``\\ud800`` escape can carry into a
+    Python ``str``) replaced by U+FFFD, the replacement character."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def pack_batch(ids: Sequence[Sequence[int]], max_len: int, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -313,7 +356,7 @@ class LocalEmbedder:
                  threads: int = 0, export_dir: Path | None = None, auto_export: bool = True) -> None:
         if backend not in BACKENDS:
             raise EmbeddingConfigError(f"unknown local backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-        path = Path(model_path) if model_path is not None else packaged_model_path()
+        path = check_model_dir(Path(model_path)) if model_path is not None else packaged_model_path()
         self.model_path = path
         self.backend = backend
         self.batch_size = batch_size
@@ -480,7 +523,8 @@ class LazyLocalEmbedder:
         import json
 
         self._settings = settings
-        path = Path(settings.local_model_path) if settings.local_model_path is not None else packaged_model_path()
+        path = (check_model_dir(Path(settings.local_model_path)) if settings.local_model_path is not None
+                else packaged_model_path())
         if settings.local_backend not in BACKENDS:
             raise EmbeddingConfigError(f"unknown local backend {settings.local_backend!r}: choose one of "
                                        f"{', '.join(BACKENDS)}")
@@ -491,6 +535,7 @@ class LazyLocalEmbedder:
             raise EmbeddingConfigError(f"cannot read the embedding dimension of the model at {path}: {e}") from e
         self.model_id: str = settings.model_id or default_model_id(settings.local_model_path, settings.local_backend)
         self._real: LocalEmbedder | None = None
+        self._failed: tuple[float, EmbeddingConfigError] | None = None
         self._mu = threading.Lock()
 
     @property
@@ -498,10 +543,20 @@ class LazyLocalEmbedder:
         """True once the model was built in this process."""
         return self._real is not None
 
+    #: Seconds a failed build (e.g. an export directory that cannot be written) is answered from memory before
+    #: it is tried again: a query service would otherwise run a failing export, in a child process, per query.
+    RETRY_FAILED_S = 60.0
+
     def _get(self) -> LocalEmbedder:
         with self._mu:
             if self._real is None:
-                self._real = LocalEmbedder.from_settings(self._settings)
+                if self._failed is not None and time.monotonic() - self._failed[0] < self.RETRY_FAILED_S:
+                    raise self._failed[1]
+                try:
+                    self._real = LocalEmbedder.from_settings(self._settings)
+                except EmbeddingConfigError as e:
+                    self._failed = (time.monotonic(), e)
+                    raise
             return self._real
 
     @property

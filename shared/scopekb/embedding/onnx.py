@@ -9,7 +9,8 @@ Layout of an export (``embedding.local_export_dir``, default ``$XDG_CACHE_HOME/s
 ``<model key>`` is :func:`scopekb.embedding.local.default_model_id` of the model directory made safe for a file
 name, so a new model wheel gets a new export. ``manifest.json`` is written last, into a temporary directory that
 is renamed into place: a directory without a manifest, or whose ``model.onnx`` differs in size from the
-manifest's, is a partial export; :func:`export_model` rebuilds it. An exporter holds an exclusive ``flock`` on
+manifest's, is a partial export, and one whose ``model.onnx`` differs from the sha256 the manifest records is a
+damaged one; :func:`export_model` rebuilds both. An exporter holds an exclusive ``flock`` on
 ``<model key>/.<variant>.lock`` while it builds, and checks again for a complete export once it has the lock, so
 processes that start together build it once. :class:`OnnxRunner` exports a missing or partial export itself
 (``auto_export``, in a child process so that the runner's own process never imports torch), or refuses it with
@@ -119,37 +120,73 @@ def export_path(model_path: Path, backend: str, export_dir: Path | None = None) 
     return (export_dir or default_export_dir()) / key / VARIANTS[backend]
 
 
+#: (path, size, mtime ns) -> sha256 hex of a ``model.onnx`` this process has hashed (:func:`file_sha256`).
+_digests: dict[tuple[str, int, int], str] = {}
+_digests_lock = threading.Lock()
+
+
+def file_sha256(f: Path) -> str:
+    """sha256 (hex) of the file ``f``, read in 1 MiB blocks; remembered per (path, size, modification time), so
+    a process hashes an unchanged export once (about 0.2 s for the 90 MB fp32 file here). Raises OSError."""
+    st = f.stat()
+    key = (str(f), st.st_size, st.st_mtime_ns)
+    with _digests_lock:
+        hit = _digests.get(key)
+    if hit is not None:
+        return hit
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    digest = h.hexdigest()
+    with _digests_lock:
+        _digests[key] = digest
+    return digest
+
+
 def read_manifest(where: Path) -> dict[str, Any] | None:
     """The manifest of a complete, current export in ``where``, or None: missing, unreadable, other format,
-    ``model.onnx`` missing or of another size than recorded (a partial export), or an ``onnx-int8`` export whose
-    recorded ``quantization`` is not :data:`INT8_QUANTIZATION` (stale: made with other settings, or before they
-    were recorded). :func:`export_model` rebuilds all of these."""
+    ``model.onnx`` missing or of another size than recorded (a partial export), of the recorded size but another
+    sha256 (damaged: a hostile review of issue 19 flipped bytes of the weights, and the export loaded and gave
+    vectors of cosine -0.008 to the right ones under the same model id), no sha256 recorded (made before exports
+    recorded it), or an ``onnx-int8`` export whose recorded ``quantization`` is not :data:`INT8_QUANTIZATION`
+    (stale: made with other settings, or before they were recorded). :func:`export_model` rebuilds all of these;
+    the export is deterministic, so a rebuilt one gives the same vectors as the one it replaces."""
     try:
         man = json.loads((where / MANIFEST).read_text())
-        ok = (man.get("format") == FORMAT and (where / MODEL_FILE).stat().st_size == man["bytes"])
+        ok = (man.get("format") == FORMAT and (where / MODEL_FILE).stat().st_size == man["bytes"]
+              and isinstance(man.get("sha256"), str))
         if man.get("backend") == "onnx-int8":
             ok = ok and man.get("quantization") == INT8_QUANTIZATION
+        ok = ok and file_sha256(where / MODEL_FILE) == man["sha256"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return man if ok else None
 
 
 def _state(where: Path) -> str:
-    """Why ``where`` holds no usable export: ``missing``, ``stale`` (an int8 export of other quantization
-    settings) or ``partial``."""
+    """Why ``where`` holds no usable export (:func:`read_manifest` returned None): ``missing``, ``stale`` (an int8
+    export of other quantization settings, or one made before exports recorded their sha256), ``damaged`` (the
+    model file differs from its recorded sha256) or ``partial``."""
     if not where.exists():
         return "missing"
     try:
         man = json.loads((where / MANIFEST).read_text())
         if man.get("backend") == "onnx-int8" and man.get("quantization") != INT8_QUANTIZATION:
             return "stale (made with other quantization settings)"
+        if man.get("format") == FORMAT and (where / MODEL_FILE).stat().st_size == man.get("bytes"):
+            if not isinstance(man.get("sha256"), str):
+                return "stale (made before exports recorded their sha256)"
+            return "damaged (model.onnx differs from the sha256 its manifest records)"
     except (OSError, ValueError, AttributeError):
         pass
     return "partial"
 
 
-def _fix(backend: str) -> str:
-    return f"run `scopekb model export --backend {backend}` (once, offline; needs the local extra)"
+def _fix(backend: str, force: bool = False) -> str:
+    """The command that (re)builds ``backend``'s export; ``force``: one whose files look complete."""
+    return (f"run `scopekb model export --backend {backend}{' --force' if force else ''}` "
+            "(once, offline; needs the local extra)")
 
 
 def _pooling(model_path: Path) -> tuple[str, int, int]:
@@ -200,6 +237,7 @@ class OnnxRunner:
                 raise EmbeddingConfigError(f"the {backend} export of the local model is {state} ({where}): "
                                            f"{_fix(backend)}")
             log.info("embedding_onnx_auto_export", path=str(where), backend=backend, state=state)
+            _check_writable(where.parent)
             export_in_child(model_path, backend, export_dir)
         try:
             import onnxruntime  # noqa: F401 - checked here so the error names the extra
@@ -231,7 +269,7 @@ class OnnxRunner:
             sess = ort.InferenceSession(str(self.path / MODEL_FILE), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - a corrupt file: same fix as a missing one
             raise EmbeddingConfigError(f"the {self.backend} export at {self.path} does not load ({e}): "
-                                       f"delete it and {_fix(self.backend)}") from e
+                                       f"{_fix(self.backend, force=True)}") from e
         self._inputs = {i.name for i in sess.get_inputs()}
         self._sessions[threads] = sess
         return sess
@@ -294,10 +332,14 @@ def export_model(model_path: Path, backend: str, export_dir: Path | None = None,
         ``(export directory, True if it was built now / False if a complete one was reused)``.
 
     Raises:
-        EmbeddingConfigError: torch/transformers/onnxruntime missing, or the export failed.
+        EmbeddingConfigError: ``model_path`` is not a model folder (:func:`scopekb.embedding.local.check_model_dir`),
+            torch/transformers/onnxruntime missing, or the export failed.
     """
+    from scopekb.embedding.local import check_model_dir
+
     if backend not in VARIANTS:
         raise EmbeddingConfigError(f"no export for backend {backend!r}: choose one of {', '.join(VARIANTS)}")
+    check_model_dir(model_path)
     where = export_path(model_path, backend, export_dir)
     if not force and read_manifest(where) is not None:
         return where, False
@@ -307,8 +349,26 @@ def export_model(model_path: Path, backend: str, export_dir: Path | None = None,
     with _export_lock(where):
         if not force and read_manifest(where) is not None:
             return where, False  # another process built it while this one waited for the lock
+        for left in where.parent.glob(f".{where.name}.tmp-*"):  # of a build killed before it cleaned up (the lock
+            shutil.rmtree(left, ignore_errors=True)            # is held by every builder of this variant)
         _build(model_path, backend, where, source)
     return where, True
+
+
+def _check_writable(folder: Path) -> None:
+    """Create ``folder`` (and its parents) if needed and check that files can be made in it.
+
+    Raises:
+        EmbeddingConfigError: it cannot be written; the message names the setting that moves the exports.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise EmbeddingConfigError(
+            f"cannot write the ONNX export directory {folder} ({e.strerror or e}): set "
+            "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR to a writable folder") from e
 
 
 @contextlib.contextmanager
@@ -318,11 +378,13 @@ def _export_lock(where: Path) -> Iterator[None]:
     Raises:
         EmbeddingConfigError: the export directory is not writable.
     """
+    _check_writable(where.parent)
     try:
-        where.parent.mkdir(parents=True, exist_ok=True)
         fh = open(where.parent / f".{where.name}.lock", "a")  # noqa: SIM115 - closed below
     except OSError as e:
-        raise EmbeddingConfigError(f"cannot write the ONNX export directory {where.parent}: {e}") from e
+        raise EmbeddingConfigError(
+            f"cannot write the ONNX export directory {where.parent} ({e.strerror or e}): set "
+            "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR to a writable folder") from e
     try:
         fcntl.flock(fh, fcntl.LOCK_EX)
         yield
@@ -346,6 +408,7 @@ def _build(model_path: Path, backend: str, where: Path, source: Path | None) -> 
                     f"vectors, under the {MIN_INT8_COSINE} this backend promises (a model whose graph the "
                     "quantization settings do not fit): set SCOPEKB_EMBEDDING__LOCAL_BACKEND=onnx for this model")
         manifest = {"format": FORMAT, "backend": backend, "bytes": (tmp / MODEL_FILE).stat().st_size,
+                    "sha256": file_sha256(tmp / MODEL_FILE),
                     "opset": OPSET, "source": str(model_path), "created_at": time.time()}
         if source is not None:
             manifest["quantization"] = INT8_QUANTIZATION
@@ -388,8 +451,11 @@ def export_in_child(model_path: Path, backend: str, export_dir: Path | None = No
     where = export_path(model_path, backend, export_dir)
     if r.returncode != 0 or read_manifest(where) is None:
         lines = (r.stderr or r.stdout).strip().splitlines()
-        raise EmbeddingConfigError(f"exporting the local model to {backend} failed "
-                                   f"({lines[-1] if lines else f'exit {r.returncode}'}): {_fix(backend)}")
+        last = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1]) if lines else f"exit {r.returncode}"
+        if "SCOPEKB_EMBEDDING__" in last or "reinstall" in last:  # the child's error names its own fix (a
+            # setting, a damaged install): `model export` would fail the same way
+            raise EmbeddingConfigError(f"exporting the local model to {backend} failed: {last}")
+        raise EmbeddingConfigError(f"exporting the local model to {backend} failed ({last}): {_fix(backend)}")
     built = r.stdout.strip().splitlines()[-1:] == ["True"]
     log.info("embedding_onnx_export_child", path=str(where), backend=backend, built=built)
     return where, built

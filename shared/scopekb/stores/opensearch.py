@@ -334,6 +334,8 @@ class OpenSearchChunkStore:
         self.shards = shards
         self.replicas = replicas
         self.bulk_max_bytes = bulk_max_bytes
+        #: concrete indices whose vectors :meth:`_check_vector_index` found to be of this store's model and encoder
+        self._vetted: set[str] = {self.version_name}
 
     # ---- index lifecycle -------------------------------------------------------------------------------------
 
@@ -963,6 +965,9 @@ class OpenSearchChunkStore:
         clustered test vectors gave recall@10 of 0.94-0.96 against exact search; so ``4k`` candidates (at least
         40) are taken and rescored with the exact cosine of the full-precision vectors Lucene keeps beside the
         quantized ones (the ``knn_score`` script, which scores ``(1 + cos) / 2`` too), and the best k kept.
+
+        Raises :class:`IndexVersionMismatch` when the index's vectors are of another dimension, model or encoder
+        than this store's (:meth:`_check_vector_index`), and what :meth:`_search_failure` raises.
         """
         if not self.dimension:
             return []
@@ -974,7 +979,37 @@ class OpenSearchChunkStore:
             raise self._vector_failure(e) from e
         except TransportError as e:
             raise self._search_failure(e) from e
+        self._check_vector_index(res)
         return _raw_hits(res)
+
+    def _check_vector_index(self, res: dict[str, Any]) -> None:
+        """Raise :class:`IndexVersionMismatch` when the kNN hits of ``res`` come from an index whose vectors are of
+        another model or encoder than this process embeds queries with (hostile review of issue 19: a query
+        service left running while ``scopekb reindex`` switched ``embedding.local_backend``, or a CLI search with
+        other settings, ranked by the cosine between two vector spaces of the same dimension and said nothing).
+
+        Free on the common path: a hit's ``_index`` is the concrete index name, which encodes model and encoder
+        (:func:`scopekb.fields.index_version_name`); only an index of another name has its ``_meta`` read, once
+        (then remembered when it matches, e.g. an index made before the model was recorded, which is accepted as
+        :meth:`ensure_index` accepts it). No hits: nothing was ranked, nothing to check."""
+        if not self.dimension or self.model is None:
+            return
+        for h in res["hits"]["hits"]:
+            index = h.get("_index")
+            if not index or index in self._vetted:
+                continue
+            try:
+                meta = self.client.indices.get_mapping(index=index)[index]["mappings"].get("_meta", {})
+            except NotFoundError:  # deleted since the search: the next search reads the index the alias names now
+                continue
+            for key, want in (("model", self.model), ("encoder", self.encoder)):
+                have = meta.get(key)
+                if have is not None and have != want:
+                    fix = (model_mismatch_fix(have, want) if key == "model" else "Run `scopekb reindex`.")
+                    raise IndexVersionMismatch(
+                        f"index {index!r} behind alias {self.alias!r} holds vectors of {key} {have!r}; this process "
+                        f"embeds queries with {want!r}: restart it with the index's settings, or: {fix}")
+            self._vetted.add(index)
 
     def _vector_failure(self, e: RequestError) -> Exception:
         if "dimension" in str(e.info).lower():
@@ -1027,6 +1062,8 @@ class OpenSearchChunkStore:
                 if len(out) == 1 and isinstance(e, RequestError):
                     raise self._vector_failure(e) from e
                 raise self._search_failure(e) from e
+            if len(out) == 1:
+                self._check_vector_index(item)
             out.append(_raw_hits(item))
         return out[0], out[1]
 
