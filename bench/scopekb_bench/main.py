@@ -718,7 +718,10 @@ def _embed_stage(c: Ctx) -> None:
     c.res.add("cost", "embedstage.index_over_source", "index bytes ÷ source bytes with vectors (embedding stage)",
               k["local1"]["index_bytes"], k["local1"]["source_text_bytes"], "bytes", "bytes of the text files indexed",
               better="lower", target="≤ 8",
-              note=f"{k['local1']['docs']} chunks, one merged segment, derived source {k['local1']['derived_source']}")
+              note=f"{k['local1']['docs']} chunks, one merged segment, derived source {k['local1']['derived_source']}; "
+              "the same chunks in the other cases: " + ", ".join(
+                  f"{name} {k[name]['index_over_source']:.2f}" for name in ("inline", "local2")
+                  if k.get(name, {}).get("docs") == k["local1"]["docs"] and "index_over_source" in k[name]))
 
 
 def _sync_worker_memory(c: Ctx, case: dict[str, Any], inline: dict[str, Any] | None, note: str) -> None:
