@@ -240,6 +240,30 @@ def backend_reason(exc: TransportError) -> str:
     return str(causes[0].get("type")) if causes else str(exc.error)
 
 
+#: Root causes of a search that failed because a node holding a shard copy left while the search ran: the query
+#: phase moves to another copy by itself, but a fetch phase already sent to that node fails the whole search (a
+#: 500 ``search_phase_execution_exception``; issue 24's node-loss fault test saw one, 3 s after a data node's
+#: SIGKILL, with the replicas already promoted). Such a search is sent again (:data:`LOST_COPY_RETRIES`).
+LOST_COPY = frozenset({"node_disconnected_exception", "node_not_connected_exception", "node_closed_exception",
+                       "connect_transport_exception", "send_request_transport_exception"})
+#: Times a search that failed for :data:`LOST_COPY` is sent again, :data:`LOST_COPY_PAUSE_S` apart (a read: safe
+#: to repeat; a cluster without another copy fails the next attempt the same way, and its error is raised).
+LOST_COPY_RETRIES = 2
+LOST_COPY_PAUSE_S = 0.2
+
+
+def lost_copy(error: Any) -> bool:
+    """Whether a failed search's error - an opensearch-py :class:`TransportError`, or the ``error`` object of one
+    ``_msearch`` response item - has a root cause in :data:`LOST_COPY`."""
+    if isinstance(error, TransportError):
+        if isinstance(error, (NotFoundError, RequestError)):
+            return False
+        return backend_reason(error) in LOST_COPY
+    causes = error.get("root_cause") if isinstance(error, dict) else None
+    types = {str(c.get("type")) for c in causes if isinstance(c, dict)} if isinstance(causes, list) else set()
+    return bool(types & LOST_COPY) or (isinstance(error, dict) and str(error.get("type")) in LOST_COPY)
+
+
 def translate_opensearch(exc: BaseException) -> ScopekbError:
     """scopekb's error for an opensearch-py error: unreachable -> ``Transient("search backend unavailable")``; a
     request refused as too large or malformed (400, too many clauses) -> ``Refused`` (400) naming what to reduce;
@@ -487,6 +511,37 @@ class OpenSearchChunkStore:
         why = self.problem()
         if why is not None:
             raise Transient(why)
+
+    def _search(self, body: dict[str, Any], params: dict[str, str] | None = None) -> dict[str, Any]:
+        """``client.search`` on the alias, sent again when it failed because a node holding a shard copy left
+        mid-search (:func:`lost_copy`); raises what the client raises."""
+        for attempt in range(LOST_COPY_RETRIES + 1):
+            try:
+                return self.client.search(index=self.alias, body=body, params=params)  # type: ignore[no-any-return]
+            except TransportError as e:
+                if attempt == LOST_COPY_RETRIES or not lost_copy(e):
+                    raise
+                log.warning("opensearch_search_retried", reason=backend_reason(e), attempt=attempt + 1)
+                time.sleep(LOST_COPY_PAUSE_S)
+        raise AssertionError("unreachable")
+
+    def _msearch(self, body: list[dict[str, Any]]) -> dict[str, Any]:
+        """``client.msearch``, sent again as :meth:`_search` when one of its answers failed for a lost copy."""
+        for attempt in range(LOST_COPY_RETRIES + 1):
+            try:
+                res = self.client.msearch(body=body)
+            except TransportError as e:
+                if attempt == LOST_COPY_RETRIES or not lost_copy(e):
+                    raise
+                log.warning("opensearch_search_retried", reason=backend_reason(e), attempt=attempt + 1)
+                time.sleep(LOST_COPY_PAUSE_S)
+                continue
+            lost = [item["error"] for item in res.get("responses", []) if lost_copy(item.get("error"))]
+            if not lost or attempt == LOST_COPY_RETRIES:
+                return res  # type: ignore[no-any-return]
+            log.warning("opensearch_search_retried", reason="lost shard copy in _msearch", attempt=attempt + 1)
+            time.sleep(LOST_COPY_PAUSE_S)
+        raise AssertionError("unreachable")
 
     def _search_failure(self, exc: TransportError) -> ScopekbError:
         """scopekb's error for a failed search: :func:`translate_opensearch`'s, and when the cluster itself says
@@ -913,7 +968,7 @@ class OpenSearchChunkStore:
                 "sort": [{F.INDEXED_AT: "desc"}, {F.SOURCE_ID: "asc"}],
                 "_source": {"excludes": [F.EMBEDDING, F.CONTENT]}}
         try:
-            res = self.client.search(index=self.alias, body=body)
+            res = self._search(body)
         except NotFoundError:
             return None
         except TransportError as e:
@@ -934,8 +989,7 @@ class OpenSearchChunkStore:
         ties are broken by content sha, chunk index and path so pages are stable.
         """
         try:
-            res = self.client.search(index=self.alias, body=self._keyword_body(query, flt, size, offset, boosts),
-                                     params=_WHOLE_RESULTS)
+            res = self._search(self._keyword_body(query, flt, size, offset, boosts), _WHOLE_RESULTS)
         except NotFoundError:
             return []
         except TransportError as e:
@@ -972,7 +1026,7 @@ class OpenSearchChunkStore:
         if not self.dimension:
             return []
         try:
-            res = self.client.search(index=self.alias, body=self._vector_body(vector, flt, k), params=_WHOLE_RESULTS)
+            res = self._search(self._vector_body(vector, flt, k), _WHOLE_RESULTS)
         except NotFoundError:
             return []
         except RequestError as e:
@@ -1044,7 +1098,7 @@ class OpenSearchChunkStore:
         head = {"index": self.alias, "allow_partial_search_results": False}
         body = [head, self._keyword_body(query, flt, size, 0, boosts), head, self._vector_body(vector, flt, k)]
         try:
-            res = self.client.msearch(body=body)
+            res = self._msearch(body)
         except NotFoundError:
             return [], []
         except TransportError as e:
@@ -1102,7 +1156,7 @@ class OpenSearchChunkStore:
             if after is not None:
                 body["search_after"] = after
             try:
-                res = self.client.search(index=self.alias, body=body, params=_WHOLE_RESULTS)
+                res = self._search(body, _WHOLE_RESULTS)
             except NotFoundError:
                 return
             except TransportError as e:
