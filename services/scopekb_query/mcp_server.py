@@ -539,7 +539,10 @@ async def _serve_stdio(server: MCPServer) -> None:
         async def screen() -> None:
             async with send, read_stream:
                 async for item in read_stream:
-                    answer = _unparsed_answer(item) if isinstance(item, Exception) else None
+                    try:
+                        answer = _unparsed_answer(item) if isinstance(item, Exception) else None
+                    except Exception:  # noqa: BLE001 - one bad line must never end the session
+                        answer = None
                     if answer is not None:
                         await write_stream.send(answer)
                     else:
@@ -572,13 +575,16 @@ def _unparsed_answer(exc: Exception) -> Any:
         return None
     try:
         msg = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's parser goes
         return SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(
             code=PARSE_ERROR, message="parse error: the line is not JSON")))
     rid = msg.get("id") if isinstance(msg, dict) else None
     if not isinstance(rid, int | str) or isinstance(rid, bool):
         return None  # a notification or a response: nothing to answer
-    where = lone_surrogate_at(msg.get("params"), "params")
+    try:
+        where = lone_surrogate_at(msg.get("params"), "params")
+    except RecursionError:  # nested deeper than the walk goes: answered as a request it cannot parse
+        where = None
     error = (ErrorData(code=INVALID_PARAMS, message=f"invalid arguments: {field(where, 200)}: {LONE_SURROGATE}")
              if where else ErrorData(code=INVALID_REQUEST, message="invalid request: the SDK could not parse it"))
     if isinstance(rid, str) and lone_surrogate_at(rid) is not None:

@@ -318,13 +318,16 @@ def _assert_unparsable_lines_are_answered(env: dict[str, str], cwd: Path, key: s
     call = '{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "search", "arguments": %s}}'
     got = _raw_stdio_exchange(env, cwd, key, [
         call % (1, r'{"query": "\ud800"}'), call % (2, r'{"query": "ok", "context_id": "x\udfffy"}'),
-        "this is not json", call % (3, '{"query": "reticulate"}')])
+        "this is not json", call % (4, "[" * 980 + r'"\ud800"' + "]" * 980), "[" * 5000 + "]" * 5000,
+        call % (3, '{"query": "reticulate"}')])
     assert got[0] is not None and got[0]["id"] == 1 and got[0]["error"]["code"] == -32602, got[0]
     assert "params.arguments.query" in got[0]["error"]["message"] and "lone UTF-16 surrogate" in got[0]["error"][
         "message"]
     assert got[1] is not None and got[1]["id"] == 2 and "params.arguments.context_id" in got[1]["error"]["message"]
     assert got[2] is not None and got[2]["id"] is None and got[2]["error"]["code"] == -32700, got[2]
-    assert got[3] is not None and got[3]["id"] == 3 and "result" in got[3], got[3]
+    assert got[3] is not None and got[3]["id"] == 4 and "error" in got[3], got[3]  # nested too deep: answered
+    assert got[4] is not None and got[4]["id"] is None and "error" in got[4], got[4]
+    assert got[5] is not None and got[5]["id"] == 3 and "result" in got[5], got[5]
 
 
 def test_mcp_stdio_answers_lines_it_cannot_parse_distributed(stack: Stack, mcp_world: dict[str, Any]) -> None:
