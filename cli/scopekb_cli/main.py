@@ -351,7 +351,9 @@ def model_export(backend: Annotated[ExportBackend, typer.Option(help="onnx, onnx
     emb = get_settings().embedding
     path = emb.local_model_path or packaged_model_path()
     for b in (list(VARIANTS) if backend == ExportBackend.all else [backend.value]):
-        where, built = export_model(path, b, emb.local_export_dir, force=force)
+        # with `all`, the fp32 export int8 is quantized from was (re)built just before: not forced twice
+        where, built = export_model(path, b, emb.local_export_dir, force=force,
+                                    force_source=False if backend == ExportBackend.all else None)
         out.print(f"{b}: {'exported' if built else 'already exported'} at {where}")
 
 
@@ -392,8 +394,7 @@ def init() -> None:
     try:
         name = rt.chunks.ensure_index()
     except StoreVersionMismatch as e:
-        raise CliError(f"{e} (run `scopekb reindex`, or set SCOPEKB_OPENSEARCH__ALIAS to an alias of its own)"
-                       ) from None
+        raise CliError(_mismatch_line(e, "set SCOPEKB_OPENSEARCH__ALIAS to an alias of its own")) from None
     # overlays too: a sync reads it while planning, and creating it there cost the first sync 0.4-0.6 s (issue 20);
     # ranking: every search reads its context's ranking choice, and the first search of a deployment created the
     # index (about 0.35-0.6 s, measured on the bench's probe search); dead letters: a failing task writes one
@@ -1038,7 +1039,7 @@ def main() -> None:
         err.print("interrupted", markup=False, highlight=False)
         sys.exit(130)
     except StoreVersionMismatch as e:
-        _fail(str(e) if "scopekb reindex" in str(e) else f"{e} (run `scopekb reindex`)")
+        _fail(_mismatch_line(e))
     except OSError as e:  # a data folder that is a file, unwritable, full; a socket refused
         _fail(f"{e.strerror or type(e).__name__}: {e.filename or e}" if e.filename else str(e) or repr(e))
     except Exception as e:  # noqa: BLE001 - the CLI's contract: one line, exit 1, never a traceback
@@ -1064,6 +1065,14 @@ def _click_error(e: Exception) -> None:
         sys.exit(130)
     if "ClickException" in kinds:
         _fail(e.format_message(), code=getattr(e, "exit_code", 1))  # type: ignore[attr-defined]
+
+
+def _mismatch_line(e: Exception, other_fix: str = "") -> str:
+    """The message of an index/model mismatch with the fixes it does not name yet: ``scopekb reindex`` (most
+    messages name it already, with the setting that keeps the index), then ``other_fix``."""
+    text = str(e)
+    fixes = [f for f in ("" if "scopekb reindex" in text else "run `scopekb reindex`", other_fix) if f]
+    return f"{text} ({', or '.join(fixes)})" if fixes else text
 
 
 def _fail(message: str, code: int = 1) -> None:

@@ -155,7 +155,8 @@ def test_init_against_a_foreign_alias_is_one_line(tmp_path: Path, dist, opensear
     env, run_id = dist
     opensearch_client.indices.create(index=f"{run_id}-foreign", body={"aliases": {f"{run_id}-chunks": {}}})
     p = run(["init"], env, tmp_path)
-    assert_one_line_error(p, "reindex")
+    assert_one_line_error(p, "reindex", "SCOPEKB_OPENSEARCH__ALIAS")
+    assert p.stderr.count("scopekb reindex") == 1, p.stderr  # each fix named once
     assert opensearch_client.indices.exists(index=f"{run_id}-foreign")  # nothing of the foreign index touched
     for args in (["index", "src_x"], ["worker"], ["serve", "query"]):
         assert_one_line_error(run(args, env, tmp_path, timeout=60))

@@ -205,7 +205,11 @@ def test_export_is_reused_and_a_partial_one_rebuilt(exports: Path) -> None:
     (where / MANIFEST).write_text(json.dumps({**man, "sha256": file_sha256(where / MODEL_FILE)}))
     with pytest.raises(EmbeddingConfigError, match=r"does not load.*scopekb model export --backend onnx --force"):
         LocalEmbedder(backend="onnx", export_dir=exports)
-    export_model(model, "onnx", exports, force=True)
+    # the int8 export's forced rebuild rebuilds that fp32 source too (it would fail on the broken one; hostile
+    # review of issue 19: `--backend onnx-int8 --force` failed the same way every time)
+    assert export_model(model, "onnx-int8", exports, force=True)[1]
+    assert (where / MODEL_FILE).read_bytes() == data
+    LocalEmbedder(backend="onnx", export_dir=exports).embed_query("loads again")
 
 
 def test_missing_export_is_one_clear_error(tmp_path: Path) -> None:
@@ -222,9 +226,10 @@ def test_a_failing_automatic_export_is_one_clear_error(tmp_path: Path) -> None:
     (model / "model.safetensors").write_bytes(b"not weights")
     s = EmbeddingSettings(provider="local", local_backend="onnx", local_model_path=model,
                           local_export_dir=tmp_path / "exports")
-    with pytest.raises(EmbeddingConfigError, match=r"exporting the local model to onnx failed .*"
-                                                   r"scopekb model export --backend onnx"):
+    with pytest.raises(EmbeddingConfigError, match=r"exporting the local model to onnx failed.*SafetensorError.*"
+                                                   r"scopekb model export --backend onnx") as failed:
         make_embedder(s)
+    assert str(failed.value).count("exporting the local model") == 1, failed.value  # the child's line, not wrapped
     assert not export_path(model, "onnx", tmp_path / "exports").exists()
 
 

@@ -283,8 +283,10 @@ def test_a_query_embedder_that_cannot_work_or_a_query_with_nothing_to_embed_answ
         resp = search(corpus, COMMON, scope(0), mode, embed=broken, max_results=50)
         assert resp.notice and "LOCAL_EXPORT_DIR" in resp.notice and "answered by keyword" in resp.notice
         assert len(resp.hits) == len(want) and all(h.path for h in resp.hits)
-        blank = search(corpus, "\u200b\u200d\ufeff", scope(0), mode, embed=counting)
-        assert blank.notice and "no visible characters" in blank.notice and blank.hits == [], blank
+        # zero-width and BOM; combining marks and a variation selector; private use; tag characters; U+FFFD
+        for query in ("\u200b\u200d\ufeff", "\u0301\u0301\ufe0f", "\ue000", "\U000e0041\U000e0042", "\ufffd"):
+            blank = search(corpus, query, scope(0), mode, embed=counting)
+            assert blank.notice and "no visible characters" in blank.notice and blank.hits == [], (query, blank)
     assert calls == []
 
 

@@ -166,3 +166,19 @@ def test_a_lone_surrogate_is_tokenized_as_the_replacement_character() -> None:
     assert valid_unicode("a\ud800b\udfff") == "a\ufffdb\ufffd"
     assert w.ids(["hello world", "a\ud800b"]) == w.ids(["hello world", "a\ufffdb"])
     assert w.one("x\udc00") == w.one("x\ufffd") and w.ids(["hello world"])[0] == w.one("hello world")
+
+
+def test_texts_the_tokenizer_reads_as_nothing_are_blank() -> None:
+    """Whatever :func:`is_blank` calls blank, the model's tokenizer reads as ``[CLS] [SEP]`` alone (so embedding it
+    would rank arbitrary chunks); a text with one letter, digit, punctuation mark or symbol is not blank."""
+    from scopekb.embedding.base import is_blank
+    from scopekb.embedding.local import WordPieces, packaged_model_path
+
+    w = WordPieces(packaged_model_path())
+    blank = ["", " \t\n", "\u200b\u200d\ufeff", "\u0301\u0301", "\ufe0f", "\ue000", "\U000e0041", "\u034f",
+             "\u17b4", "\u180b", "\U0001d173", "\U0001bca0", "\x00\x07", "\u00a0\u2028", "\ufffd"]
+    for text in blank:
+        assert is_blank(text), repr(text)
+        assert w.one(text) == w.one(""), repr(text)
+    for text in ["a", "  x", "\u200bz", "7", ".", "+", "\u4e2d", "\u00e9", "\U0001f600"]:
+        assert not is_blank(text), repr(text)

@@ -318,8 +318,8 @@ def _stamp(f: Path) -> tuple[int, int]:
     return (st.st_size, st.st_mtime_ns)
 
 
-def export_model(model_path: Path, backend: str, export_dir: Path | None = None, *, force: bool = False
-                 ) -> tuple[Path, bool]:
+def export_model(model_path: Path, backend: str, export_dir: Path | None = None, *, force: bool = False,
+                 force_source: bool | None = None) -> tuple[Path, bool]:
     """Make ``backend``'s export of the model at ``model_path`` unless a complete one exists.
 
     ``onnx-int8`` first makes (or reuses) the fp32 export and quantizes it. A partial export (see the module
@@ -327,6 +327,10 @@ def export_model(model_path: Path, backend: str, export_dir: Path | None = None,
     processes too): the build holds an exclusive lock (:func:`_export_lock`) and looks for a complete export again
     once it has it, so the first one builds and the others reuse its export; the build happens in a temporary
     directory renamed into place, so a reader never sees a half-written one.
+
+    ``force`` rebuilds even a complete export, for ``onnx-int8`` also the fp32 export it is quantized from (a
+    source that looks complete but does not load fails every int8 build) unless ``force_source`` is False (a
+    caller that has just rebuilt it).
 
     Returns:
         ``(export directory, True if it was built now / False if a complete one was reused)``.
@@ -345,7 +349,8 @@ def export_model(model_path: Path, backend: str, export_dir: Path | None = None,
         return where, False
     source = None
     if backend == "onnx-int8":
-        source, _ = export_model(model_path, "onnx", export_dir)
+        source, _ = export_model(model_path, "onnx", export_dir,
+                                 force=force if force_source is None else force_source)
     with _export_lock(where):
         if not force and read_manifest(where) is not None:
             return where, False  # another process built it while this one waited for the lock
@@ -366,9 +371,12 @@ def _check_writable(folder: Path) -> None:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
             pass
     except OSError as e:
-        raise EmbeddingConfigError(
-            f"cannot write the ONNX export directory {folder} ({e.strerror or e}): set "
-            "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR to a writable folder") from e
+        raise _unwritable(folder, e) from e
+
+
+def _unwritable(folder: Path, e: OSError) -> EmbeddingConfigError:
+    return EmbeddingConfigError(f"cannot write the ONNX export directory {folder} ({e.strerror or e}): set "
+                                "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR to a writable folder")
 
 
 @contextlib.contextmanager
@@ -382,9 +390,7 @@ def _export_lock(where: Path) -> Iterator[None]:
     try:
         fh = open(where.parent / f".{where.name}.lock", "a")  # noqa: SIM115 - closed below
     except OSError as e:
-        raise EmbeddingConfigError(
-            f"cannot write the ONNX export directory {where.parent} ({e.strerror or e}): set "
-            "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR to a writable folder") from e
+        raise _unwritable(where.parent, e) from e
     try:
         fcntl.flock(fh, fcntl.LOCK_EX)
         yield
@@ -454,7 +460,11 @@ def export_in_child(model_path: Path, backend: str, export_dir: Path | None = No
         last = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1]) if lines else f"exit {r.returncode}"
         if "SCOPEKB_EMBEDDING__" in last or "reinstall" in last:  # the child's error names its own fix (a
             # setting, a damaged install): `model export` would fail the same way
-            raise EmbeddingConfigError(f"exporting the local model to {backend} failed: {last}")
+            raise EmbeddingConfigError(last if last.startswith("exporting the local model")
+                                       else f"exporting the local model to {backend} failed: {last}")
+        if last.startswith("exporting the local model"):  # the child's own failure line: not wrapped twice; an
+            # export that files of its own make fail (a broken fp32 source of int8) needs the forced rebuild
+            raise EmbeddingConfigError(f"{last}: {_fix(backend, force=True)}")
         raise EmbeddingConfigError(f"exporting the local model to {backend} failed ({last}): {_fix(backend)}")
     built = r.stdout.strip().splitlines()[-1:] == ["True"]
     log.info("embedding_onnx_export_child", path=str(where), backend=backend, built=built)

@@ -513,35 +513,33 @@ class OpenSearchChunkStore:
             raise Transient(why)
 
     def _search(self, body: dict[str, Any], params: dict[str, str] | None = None) -> dict[str, Any]:
-        """``client.search`` on the alias, sent again when it failed because a node holding a shard copy left
-        mid-search (:func:`lost_copy`); raises what the client raises."""
-        for attempt in range(LOST_COPY_RETRIES + 1):
-            try:
-                return self.client.search(index=self.alias, body=body, params=params)  # type: ignore[no-any-return]
-            except TransportError as e:
-                if attempt == LOST_COPY_RETRIES or not lost_copy(e):
-                    raise
-                log.warning("opensearch_search_retried", reason=backend_reason(e), attempt=attempt + 1)
-                time.sleep(LOST_COPY_PAUSE_S)
-        raise AssertionError("unreachable")
+        """``client.search`` on the alias through :meth:`_sent_again`."""
+        return self._sent_again(lambda: self.client.search(index=self.alias, body=body, params=params))
 
     def _msearch(self, body: list[dict[str, Any]]) -> dict[str, Any]:
-        """``client.msearch``, sent again as :meth:`_search` when one of its answers failed for a lost copy."""
+        """``client.msearch`` through :meth:`_sent_again`, which also looks at each answer's ``error``."""
+        return self._sent_again(lambda: self.client.msearch(body=body),
+                                lambda res: any(lost_copy(item.get("error")) for item in res.get("responses", [])))
+
+    def _sent_again(self, send: Callable[[], Any], lost_in: Callable[[Any], bool] = lambda _res: False) -> Any:
+        """``send()``, sent again (at most :data:`LOST_COPY_RETRIES` times, :data:`LOST_COPY_PAUSE_S` apart) when it
+        failed, or ``lost_in`` found an answer that failed, because a node holding a shard copy left mid-search
+        (:func:`lost_copy`). The last attempt's answer is returned, or its error raised, as the client gives it."""
         for attempt in range(LOST_COPY_RETRIES + 1):
+            last = attempt == LOST_COPY_RETRIES
             try:
-                res = self.client.msearch(body=body)
+                res = send()
             except TransportError as e:
-                if attempt == LOST_COPY_RETRIES or not lost_copy(e):
+                if last or not lost_copy(e):
                     raise
-                log.warning("opensearch_search_retried", reason=backend_reason(e), attempt=attempt + 1)
-                time.sleep(LOST_COPY_PAUSE_S)
-                continue
-            lost = [item["error"] for item in res.get("responses", []) if lost_copy(item.get("error"))]
-            if not lost or attempt == LOST_COPY_RETRIES:
-                return res  # type: ignore[no-any-return]
-            log.warning("opensearch_search_retried", reason="lost shard copy in _msearch", attempt=attempt + 1)
+                reason = backend_reason(e)
+            else:
+                if last or not lost_in(res):
+                    return res
+                reason = "a lost shard copy in one answer"
+            log.warning("opensearch_search_retried", reason=reason, attempt=attempt + 1)
             time.sleep(LOST_COPY_PAUSE_S)
-        raise AssertionError("unreachable")
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _search_failure(self, exc: TransportError) -> ScopekbError:
         """scopekb's error for a failed search: :func:`translate_opensearch`'s, and when the cluster itself says
