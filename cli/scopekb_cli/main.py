@@ -174,6 +174,7 @@ def serve(service: Annotated[str, typer.Argument(help="ingester or query")],
     target, default_port = factories[service]
     if service == "query":
         _check_index()
+        _check_embedder()
     from scopekb.http.server import uvicorn_options
 
     # Read/idle timeouts and connection limits from http.* (issue 16, docs/security.md).
@@ -233,6 +234,8 @@ def worker(concurrency: int = 2, loglevel: str = "INFO",
         raise CliError(f"--queues must name worker.queue ({w.queue!r}) or worker.embed_queue "
                        f"({w.embed_queue or 'not set'}), got {queues!r}")
     _check_index(unavailable_ok=True)
+    if (w.embed_queue or w.queue) in names:  # this worker embeds: chunks inline, or the embedding queue's tasks
+        _check_embedder()
     _celery_logging()
     celery_app.worker_main(["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}",
                             f"--queues={','.join(names)}", "--without-gossip", "--without-mingle"])
@@ -379,6 +382,21 @@ def _check_index(unavailable_ok: bool = False) -> None:
             raise
         err.print(one_line(f"warning: the chunk index cannot be checked now ({e}); syncs wait for the cluster"),
                   markup=False, highlight=False)
+
+
+def _check_embedder() -> None:
+    """Refuse to start a long-running process whose local model cannot be built here (an export directory that
+    cannot be written, no exporter installed): one line naming the fix, before the process serves or consumes
+    anything, in both profiles (hostile review of issue 19: a worker started and would have failed every sync).
+    Loads nothing: the model is still built on first use. (``scopekb up`` builds its model at start, which
+    refuses the same way.)
+
+    Raises:
+        EmbeddingConfigError: printed by the CLI as one line, exit code 1.
+    """
+    check = getattr(_rt().embedder, "check", None)
+    if callable(check):
+        check()
 
 
 @app.command()

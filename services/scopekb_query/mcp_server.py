@@ -540,7 +540,7 @@ async def _serve_stdio(server: MCPServer) -> None:
             async with send, read_stream:
                 async for item in read_stream:
                     try:
-                        answer = _unparsed_answer(item) if isinstance(item, Exception) else None
+                        answer = _unparsed_answer(item) if isinstance(item, Exception) else _idless_answer(item)
                     except Exception:  # noqa: BLE001 - one bad line must never end the session
                         answer = None
                     if answer is not None:
@@ -556,37 +556,96 @@ async def _serve_stdio(server: MCPServer) -> None:
 
 
 def _unparsed_answer(exc: Exception) -> Any:
-    """The JSON-RPC error answer to a stdin line the SDK could not parse, or None (the SDK's own handling).
+    """The JSON-RPC error answer to a stdin line the SDK could not parse, or None (nothing to answer).
 
     The SDK hands such a line to the session as an exception and answers nothing, so the caller waits for ever
-    (hostile review of issue 19: ``tools/call search`` with the query ``"\\ud800"``; the SDK's JSON parser refuses
-    a lone UTF-16 surrogate escape, which Python's accepts). A line Python parses that carries an ``id`` gets
-    ``-32602`` (invalid params) naming the first string with a lone surrogate, as REST's 400 does, or ``-32600``;
-    a line that is no JSON at all gets ``-32700`` (parse error) with a null id, as JSON-RPC 2.0 says (§5.1).
-    Nothing of the line is echoed but the path of keys."""
-    from mcp.shared.message import SessionMessage
-    from mcp.types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
+    (hostile reviews of issue 19: ``tools/call search`` with the query ``"\\ud800"``, which the SDK's JSON parser
+    refuses though Python's accepts; a request without ``jsonrpc``, a batch array, a bare ``42``). What is
+    answered, as JSON-RPC 2.0 says (§5.1):
+
+    - a line that is no JSON at all: ``-32700`` (parse error) with a null id;
+    - a request with an integer or string ``id``: ``-32602`` (invalid params) naming the first string with a lone
+      surrogate, as REST's 400 does, or ``-32600`` (invalid request);
+    - any other value that is not a response (a batch, a scalar, an object without a usable id): ``-32600`` with a
+      null id (MCP has no batches since its 2025-06-18 revision).
+
+    A malformed *response* (an object with ``result`` or ``error`` and no ``method``) gets no answer. Nothing of
+    the line is echoed but the path of keys."""
+    from mcp.types import INVALID_PARAMS, PARSE_ERROR, ErrorData
 
     from scopekb.http.unicode import LONE_SURROGATE, lone_surrogate_at
 
     errors = exc.errors() if isinstance(exc, ValidationError) else []
-    line = errors[0].get("input") if errors and errors[0].get("type") == "json_invalid" else None
-    if not isinstance(line, str):
+    if not errors:
         return None
-    try:
-        msg = json.loads(line)
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's parser goes
-        return SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(
-            code=PARSE_ERROR, message="parse error: the line is not JSON")))
+    if errors[0].get("type") == "json_invalid":
+        line = errors[0].get("input")
+        if not isinstance(line, str):
+            return None
+        try:
+            msg = json.loads(line)
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's parser goes
+            return _error_answer(None, ErrorData(code=PARSE_ERROR, message="parse error: the line is not JSON"))
+    else:
+        msg = _message_of(errors)
+    if isinstance(msg, dict) and "method" not in msg and ("result" in msg or "error" in msg):
+        return None  # a response the SDK could not read: a JSON-RPC server never answers a response
     rid = msg.get("id") if isinstance(msg, dict) else None
     if not isinstance(rid, int | str) or isinstance(rid, bool):
-        return None  # a notification or a response: nothing to answer
+        return _invalid_request(None, "a request needs a JSON object with jsonrpc \"2.0\", a method and an "
+                                      "integer or string id")
     try:
         where = lone_surrogate_at(msg.get("params"), "params")
     except RecursionError:  # nested deeper than the walk goes: answered as a request it cannot parse
         where = None
-    error = (ErrorData(code=INVALID_PARAMS, message=f"invalid arguments: {field(where, 200)}: {LONE_SURROGATE}")
-             if where else ErrorData(code=INVALID_REQUEST, message="invalid request: the SDK could not parse it"))
     if isinstance(rid, str) and lone_surrogate_at(rid) is not None:
         rid = None  # an id that cannot be written back
+    if where:
+        return _error_answer(rid, ErrorData(code=INVALID_PARAMS,
+                                            message=f"invalid arguments: {field(where, 200)}: {LONE_SURROGATE}"))
+    return _invalid_request(rid, "the SDK could not parse it (jsonrpc must be \"2.0\", method a string, "
+                                 "params an object)")
+
+
+def _message_of(errors: list[Any]) -> Any:
+    """The whole value of a line the SDK parsed as JSON but not as a JSON-RPC message, from its validation errors.
+
+    ``errors`` are pydantic's, one list per member of the message union: an error at the top of a member
+    (``model_type``: the value is no object) or a ``missing`` field of one carries the whole value as its input.
+    Returns ``None`` when no error carries it."""
+    for err in errors:
+        loc = err.get("loc", ())
+        if len(loc) == 1 or (len(loc) == 2 and err.get("type") == "missing"):
+            return err.get("input")
+    return None
+
+
+def _idless_answer(item: Any) -> Any:
+    """The ``-32600`` answer to a request the SDK read as a notification, or None.
+
+    The SDK reads a message whose ``id`` is not an integer or string (``1.5``, ``true``, ``null``) as a
+    notification and drops the id, so a ``tools/call`` with such an id was never answered. Every MCP notification
+    method starts with ``notifications/`` (MCP specification, "Notifications"), so a notification of another
+    method is such a request: it gets an invalid-request error with a null id (JSON-RPC 2.0 §5)."""
+    from mcp.types import JSONRPCNotification
+
+    message = getattr(item, "message", None)
+    if isinstance(message, JSONRPCNotification) and not message.method.startswith("notifications/"):
+        return _invalid_request(None, "a request needs an integer or string id (MCP); notifications are "
+                                      "notifications/*")
+    return None
+
+
+def _invalid_request(rid: int | str | None, why: str) -> Any:
+    """A JSON-RPC ``-32600`` (invalid request) answer for ``rid`` saying ``why``."""
+    from mcp.types import INVALID_REQUEST, ErrorData
+
+    return _error_answer(rid, ErrorData(code=INVALID_REQUEST, message=f"invalid request: {why}"))
+
+
+def _error_answer(rid: int | str | None, error: Any) -> Any:
+    """The session message carrying the JSON-RPC error ``error`` (an ``ErrorData``) for request id ``rid``."""
+    from mcp.shared.message import SessionMessage
+    from mcp.types import JSONRPCError
+
     return SessionMessage(JSONRPCError(jsonrpc="2.0", id=rid, error=error))

@@ -313,12 +313,15 @@ def _raw_stdio_exchange(env: dict[str, str], cwd: Path, key: str, lines: list[st
 
 def _assert_unparsable_lines_are_answered(env: dict[str, str], cwd: Path, key: str) -> None:
     """A lone UTF-16 surrogate escape in a tool's arguments (valid JSON text, which the SDK's parser refuses and
-    then never answered: hostile review of issue 19), and a line that is not JSON, each get a JSON-RPC error
-    answer; the session goes on answering."""
+    then never answered: hostile review of issue 19), a line that is not JSON, and JSON that is no valid request
+    each get a JSON-RPC error answer; the session goes on answering."""
     call = '{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "search", "arguments": %s}}'
     got = _raw_stdio_exchange(env, cwd, key, [
         call % (1, r'{"query": "\ud800"}'), call % (2, r'{"query": "ok", "context_id": "x\udfffy"}'),
         "this is not json", call % (4, "[" * 980 + r'"\ud800"' + "]" * 980), "[" * 5000 + "]" * 5000,
+        '{"id": 5, "method": "tools/list"}', '[{"jsonrpc": "2.0", "id": 6, "method": "ping"}]', "42",
+        '{"jsonrpc": "2.0", "id": 7.5, "method": "tools/list"}',
+        '{"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": 5}',
         call % (3, '{"query": "reticulate"}')])
     assert got[0] is not None and got[0]["id"] == 1 and got[0]["error"]["code"] == -32602, got[0]
     assert "params.arguments.query" in got[0]["error"]["message"] and "lone UTF-16 surrogate" in got[0]["error"][
@@ -327,7 +330,13 @@ def _assert_unparsable_lines_are_answered(env: dict[str, str], cwd: Path, key: s
     assert got[2] is not None and got[2]["id"] is None and got[2]["error"]["code"] == -32700, got[2]
     assert got[3] is not None and got[3]["id"] == 4 and "error" in got[3], got[3]  # nested too deep: answered
     assert got[4] is not None and got[4]["id"] is None and "error" in got[4], got[4]
-    assert got[5] is not None and got[5]["id"] == 3 and "result" in got[5], got[5]
+    # valid JSON but no valid request (hostile review of issue 19, F3): no jsonrpc, a batch, a scalar, a
+    # fractional id (which the SDK reads as a notification), params that are no object
+    assert got[5] is not None and got[5]["id"] == 5 and got[5]["error"]["code"] == -32600, got[5]
+    for g in got[6:9]:
+        assert g is not None and g["id"] is None and g["error"]["code"] == -32600, g
+    assert got[9] is not None and got[9]["id"] == 8 and got[9]["error"]["code"] == -32600, got[9]
+    assert got[10] is not None and got[10]["id"] == 3 and "result" in got[10], got[10]
 
 
 def test_mcp_stdio_answers_lines_it_cannot_parse_distributed(stack: Stack, mcp_world: dict[str, Any]) -> None:

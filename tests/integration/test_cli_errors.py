@@ -272,3 +272,39 @@ def test_odd_folders_index_or_fail_in_one_line_embedded(tmp_path: Path) -> None:
 def test_odd_folders_index_or_fail_in_one_line_distributed(tmp_path: Path, dist) -> None:
     env, _ = dist
     _check_odd_folders(tmp_path, {**env, "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true"})
+
+
+@pytest.mark.parametrize("profile", ["embedded", "distributed"])
+def test_long_running_processes_whose_model_cannot_be_built_refuse_to_start(
+        tmp_path: Path, profile: str, request: pytest.FixtureRequest) -> None:
+    """An export folder that cannot be written (hostile review of issue 19: ``scopekb worker`` started and would
+    have failed every sync; ``serve query`` refused in one profile and answered by keyword in the other): the query
+    service, a worker that embeds and an embedding worker refuse at start with one line naming the setting, in both
+    profiles; a worker of the sync queue alone (its chunks embedded elsewhere) loads no model and starts."""
+    env = request.getfixturevalue("dist")[0] if profile == "distributed" else base_env(tmp_path)
+    (tmp_path / "file").write_text("a file, not a folder")
+    env = {**env, "SCOPEKB_EMBEDDING__PROVIDER": "local",
+           "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR": str(tmp_path / "file" / "x")}
+    embed_queue = {**env, "SCOPEKB_WORKER__EMBED_QUEUE": f"embed-{uuid.uuid4().hex[:8]}"}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for args, e in ((["serve", "query", "--port", str(port)], env), (["worker"], env),
+                    (["worker", "--queues", embed_queue["SCOPEKB_WORKER__EMBED_QUEUE"]], embed_queue)):
+        assert_one_line_error(run(args, e, tmp_path), "cannot write the ONNX export",
+                              "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR")
+    if profile == "distributed":  # the embedded profile's in-memory queue has no worker of its own to start
+        sync_only = subprocess.Popen([*CLI, "worker", "--concurrency", "1", "--queues", env.get(
+            "SCOPEKB_WORKER__QUEUE", "scopekb.sync")], env=embed_queue, cwd=tmp_path, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True)
+        try:
+            assert sync_only.stderr is not None
+            seen = ""
+            for line in sync_only.stderr:  # Celery logs "ready." once it consumes
+                seen += line
+                if "ready." in line or "error:" in line:
+                    break
+            assert "ready." in seen and "error:" not in seen, seen
+        finally:
+            sync_only.kill()
+            sync_only.wait(timeout=30)

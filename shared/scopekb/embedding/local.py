@@ -534,6 +534,7 @@ class LazyLocalEmbedder:
         except (OSError, ValueError, KeyError) as e:
             raise EmbeddingConfigError(f"cannot read the embedding dimension of the model at {path}: {e}") from e
         self.model_id: str = settings.model_id or default_model_id(settings.local_model_path, settings.local_backend)
+        self._path = path
         self._real: LocalEmbedder | None = None
         self._failed: tuple[float, EmbeddingConfigError] | None = None
         self._mu = threading.Lock()
@@ -558,6 +559,29 @@ class LazyLocalEmbedder:
                     self._failed = (time.monotonic(), e)
                     raise
             return self._real
+
+    def check(self) -> None:
+        """Check, loading nothing, that the model can be built in this process (a long-running process calls it at
+        start, so that it refuses to start instead of failing each sync or search later): the torch backend needs
+        sentence-transformers; an ONNX backend a usable export or one it can make
+        (:func:`scopekb.embedding.onnx.check_export`). A model already built passes.
+
+        Raises:
+            EmbeddingConfigError: the model cannot be built here; the message names the fix.
+        """
+        import importlib.util
+
+        if self._real is not None:
+            return
+        backend = self._settings.local_backend
+        if backend == "torch":
+            if importlib.util.find_spec("sentence_transformers") is None:
+                raise EmbeddingConfigError("the torch backend needs sentence-transformers: pip install "
+                                           "'scopekb[local]'")
+            return
+        from scopekb.embedding.onnx import check_export
+
+        check_export(self._path, backend, self._settings.local_export_dir)
 
     @property
     def max_input_tokens(self) -> int:
