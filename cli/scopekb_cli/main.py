@@ -172,6 +172,9 @@ def serve(service: Annotated[str, typer.Argument(help="ingester or query")],
     if service not in factories:
         raise CliError(f"unknown service {service!r}; choose ingester or query")
     target, default_port = factories[service]
+    from scopekb.runtime import require_distributed
+
+    require_distributed(get_settings(), f"scopekb serve {service}")
     if service == "query":
         _check_index()
         _check_embedder()
@@ -193,6 +196,7 @@ def up(host: str = "127.0.0.1", port: int = 8000) -> None:
 
     s = get_settings()
     require_embedded(s)
+    _check_embedder()
     from scopekb_ingester.app import attach as attach_webhooks
     from scopekb_query.app import create_app as query_app
     from scopekb_worker.app import app as celery_app
@@ -225,8 +229,10 @@ def worker(concurrency: int = 2, loglevel: str = "INFO",
                help="comma-separated Celery queues to consume (default: worker.queue, plus worker.embed_queue "
                     "when set); e.g. only the embedding queue for an embedding worker")] = None) -> None:
     """Run a Celery worker for sync tasks (and, with worker.embed_queue, embedding tasks)."""
+    from scopekb.runtime import require_distributed
     from scopekb_worker.app import app as celery_app
 
+    require_distributed(get_settings(), "scopekb worker")
     w = get_settings().worker
     names = [q.strip() for q in (queues or ",".join(q for q in (w.queue, w.embed_queue) if q)).split(",")
              if q.strip()]
@@ -260,8 +266,10 @@ def mcp(key: Annotated[str | None, typer.Option(envvar="SCOPEKB_MCP_KEY",
 @app.command()
 def beat(loglevel: str = "INFO") -> None:
     """Run Celery beat (periodic reconcile). Run exactly one."""
+    from scopekb.runtime import require_distributed
     from scopekb_worker.app import app as celery_app
 
+    require_distributed(get_settings(), "scopekb beat")
     celery_app.start(["beat", f"--loglevel={loglevel}"])
 
 
@@ -388,13 +396,16 @@ def _check_embedder() -> None:
     """Refuse to start a long-running process whose local model cannot be built here (an export directory that
     cannot be written, no exporter installed): one line naming the fix, before the process serves or consumes
     anything, in both profiles (hostile review of issue 19: a worker started and would have failed every sync).
-    Loads nothing: the model is still built on first use. (``scopekb up`` builds its model at start, which
-    refuses the same way.)
+    Loads nothing and builds no runtime (the process's own runtime, built afterwards, decides whether its model
+    loads at start, as in ``scopekb up``, or on first use).
 
     Raises:
         EmbeddingConfigError: printed by the CLI as one line, exit code 1.
     """
-    check = getattr(_rt().embedder, "check", None)
+    from scopekb.runtime import embedding_setup
+
+    _quiet_logging()
+    check = getattr(embedding_setup(get_settings(), lazy=True)[0], "check", None)
     if callable(check):
         check()
 
@@ -510,16 +521,31 @@ def dl_list(include_replayed: bool = False) -> None:
 @dl_app.command("replay")
 def dl_replay(dl_id: Annotated[str | None, typer.Argument()] = None,
               all_: Annotated[bool, typer.Option("--all")] = False) -> None:
-    """Replay one dead letter (by id) or --all."""
-    rt = _rt()
+    """Replay one dead letter (by id) or --all. Embedded profile: each replayed sync runs in this process before
+    it ends (no worker reads its queue), with its outcome; exit 1 when one failed."""
+    from scopekb.runtime import build_control_runtime
+
+    _quiet_logging()
+    # Embedded: no worker consumes this process's in-memory queue, so the replayed syncs run here (as reconcile).
+    rt = build_control_runtime(get_settings(), name="scopekb-cli", one_shot=True)
     ids = [d.id for d in ops.list_dead_letters(rt)] if all_ else [dl_id] if dl_id else []
     if not ids:
         raise CliError("name a dead letter id or pass --all")
+    here = getattr(rt.tasks, "runs_here", False)
+    failed = False
     for i in ids:
         try:
-            out.print(f"{i} -> job {ops.replay_dead_letter(rt, i)}")
+            job_id = ops.replay_dead_letter(rt, i)
         except NotFound:
             raise CliError(f"no dead letter {i!r}") from None
+        job = rt.records.get_job(job_id) if here else None
+        state = f" ({job.state.value} in this process)" if job is not None else ""
+        out.print(f"{i} -> job {job_id}{state}", markup=False, highlight=False)
+        if job is not None and job.state.value == "failed":
+            failed = True
+            err.print(one_line(f"job {job.id} failed: {'; '.join(job.errors[:3])}"), markup=False, highlight=False)
+    if failed:
+        raise typer.Exit(1)
 
 
 def _embedding_banner(rt: Runtime) -> None:

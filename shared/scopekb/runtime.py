@@ -30,7 +30,7 @@ from scopekb.embedding import Embedder, EmbeddingCache, make_embedder, make_embe
 from scopekb.errors import Refused, Transient
 from scopekb.indexing import SyncDeps, embed_part
 from scopekb.logging import get_logger
-from scopekb.queue import make_celery, plain_kwargs_repr
+from scopekb.queue import TASK_SYNC_SOURCES, make_celery, plain_kwargs_repr
 from scopekb.searchlimit import SearchLimiter, search_threads
 from scopekb.settings import Settings, is_embedded
 from scopekb.stores.base import ChunkStore, RecordStore
@@ -123,10 +123,17 @@ class InProcessTasks:
         return None
 
     def send(self, task: str, task_id: str, kwargs: dict[str, Any]) -> None:
-        """Start the sync in a daemon thread; a failure is recorded on the job (state failed)."""
+        """Start the sync in a daemon thread; a failure is recorded on the job (state failed).
+
+        Raises:
+            Refused: ``task`` is not ``scopekb.sync_sources`` (the embedded profile embeds in the sync's own
+                process, so no other task is ever sent to it; a replayed one could not run here).
+        """
         from scopekb.indexing import run_sync
         from scopekb.models import Job, JobState, utcnow
 
+        if task != TASK_SYNC_SOURCES:
+            raise Refused(f"task {task!r} runs only on a worker of the distributed profile")
         ids = list(kwargs.get("source_ids", []))
         trigger = str(kwargs.get("trigger", "webhook"))
         job = self.rt.coord.queued_job(task_id) or Job(id=task_id, source_ids=ids, trigger=trigger)
@@ -444,6 +451,26 @@ def require_embedded(settings: Settings) -> None:
     if not is_embedded(settings):
         raise Refused("`scopekb up` runs the embedded profile: unset the SCOPEKB_OPENSEARCH/REDIS/S3 settings or "
                       "set SCOPEKB_PROFILE=embedded (use `scopekb serve` and `scopekb worker` with services)")
+
+
+def require_distributed(settings: Settings, command: str) -> None:
+    """Refuse a process that hands syncs to workers (``scopekb serve ingester|query``, ``worker``, ``beat``) in
+    the embedded profile. Its queue is Celery's in-memory broker, which only a worker inside the same process
+    reads: such a process would answer "queued" to a push or a sync request that no worker ever runs (nor
+    records), and a separate worker or beat would read a queue nobody writes to. ``scopekb up`` serves the same
+    API, MCP and webhooks with its worker in one process.
+
+    Args:
+        command: the command line refused, e.g. ``scopekb serve query``.
+
+    Raises:
+        Refused: the profile is embedded (asked for, or ``auto`` with no OpenSearch, Redis or S3 setting).
+    """
+    if is_embedded(settings):
+        raise Refused(f"`{command}` is a process of the distributed profile (syncs pass through Redis between the "
+                      "services and `scopekb worker`): "
+                      "in the embedded profile run `scopekb up`, which serves the API, MCP and webhooks with its "
+                      "worker in one process, or set the SCOPEKB_OPENSEARCH/REDIS/S3 settings")
 
 
 _EMBEDDED: dict[str, Runtime] = {}

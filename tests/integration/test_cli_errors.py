@@ -280,7 +280,9 @@ def test_long_running_processes_whose_model_cannot_be_built_refuse_to_start(
     """An export folder that cannot be written (hostile review of issue 19: ``scopekb worker`` started and would
     have failed every sync; ``serve query`` refused in one profile and answered by keyword in the other): the query
     service, a worker that embeds and an embedding worker refuse at start with one line naming the setting, in both
-    profiles; a worker of the sync queue alone (its chunks embedded elsewhere) loads no model and starts."""
+    profiles (``scopekb up`` in the embedded one, which has no separate query service or worker: see
+    :func:`test_processes_that_hand_syncs_to_workers_refuse_the_embedded_profile`); a worker of the sync queue
+    alone (its chunks embedded elsewhere) loads no model and starts."""
     env = request.getfixturevalue("dist")[0] if profile == "distributed" else base_env(tmp_path)
     (tmp_path / "file").write_text("a file, not a folder")
     env = {**env, "SCOPEKB_EMBEDDING__PROVIDER": "local",
@@ -289,8 +291,10 @@ def test_long_running_processes_whose_model_cannot_be_built_refuse_to_start(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    for args, e in ((["serve", "query", "--port", str(port)], env), (["worker"], env),
-                    (["worker", "--queues", embed_queue["SCOPEKB_WORKER__EMBED_QUEUE"]], embed_queue)):
+    procs = ((["serve", "query", "--port", str(port)], env), (["worker"], env),
+             (["worker", "--queues", embed_queue["SCOPEKB_WORKER__EMBED_QUEUE"]], embed_queue)) \
+        if profile == "distributed" else ((["up", "--port", str(port)], env),)
+    for args, e in procs:
         assert_one_line_error(run(args, e, tmp_path), "cannot write the ONNX export",
                               "SCOPEKB_EMBEDDING__LOCAL_EXPORT_DIR")
     if profile == "distributed":  # the embedded profile's in-memory queue has no worker of its own to start
@@ -308,3 +312,74 @@ def test_long_running_processes_whose_model_cannot_be_built_refuse_to_start(
         finally:
             sync_only.kill()
             sync_only.wait(timeout=30)
+
+
+def test_processes_that_hand_syncs_to_workers_refuse_the_embedded_profile(tmp_path: Path) -> None:
+    """Found by trying real inputs: in the embedded profile ``scopekb serve query`` answered ``POST
+    /v1/sources/{id}/sync`` with 202 "queued" and the sync never ran, nor was its job recorded: the profile's queue
+    is Celery's in-memory broker, which only ``scopekb up``'s own worker reads. ``serve ingester`` did the same to
+    pushes, and a separate ``worker`` or ``beat`` read a queue nobody writes to. Each now refuses at start with one
+    line naming ``scopekb up``; nothing is created in the data folder."""
+    env = base_env(tmp_path)  # no OpenSearch, Redis or S3 setting: the embedded profile
+    data = tmp_path / "data"
+    for args in (["serve", "query"], ["serve", "ingester"], ["worker"], ["beat"]):
+        for e in (env, {**env, "SCOPEKB_PROFILE": "embedded"}):
+            assert_one_line_error(run(args, {**e, "SCOPEKB_DATA_DIR": str(data)}, tmp_path, timeout=60),
+                                  "distributed profile", "scopekb up")
+    assert not (data / "records.sqlite3").exists() and not (data / "index.sqlite3").exists()
+
+
+def _parked_sync(records, source_id: str) -> str:
+    from scopekb.models import DeadLetter
+    from scopekb.queue import TASK_SYNC_SOURCES
+
+    dl = DeadLetter(id=f"dl-{uuid.uuid4().hex[:8]}", task=TASK_SYNC_SOURCES, error="worker lost (test)",
+                    attempts=3, kwargs={"source_ids": [source_id], "trigger": "manual", "job_id": "old"})
+    records.put("deadletters", dl.id, dl.model_dump(mode="json"))
+    return dl.id
+
+
+@pytest.mark.parametrize("profile", ["embedded", "distributed"])
+def test_dl_replay_runs_or_queues_the_sync_it_replays(tmp_path: Path, profile: str,
+                                                      request: pytest.FixtureRequest) -> None:
+    """``scopekb deadletters replay`` in the embedded profile enqueued the replayed sync on the in-memory broker of a
+    process that then ended: the dead letter was marked replayed and its sync never ran. Now it runs in the
+    command's process (as ``scopekb reconcile`` does there), which prints the outcome and indexes the source; in
+    the distributed profile it is queued for the workers (job visible as queued)."""
+    from scopekb import ops
+    from scopekb.models import SourceCreate
+    from scopekb.runtime import build_control_runtime
+    from scopekb.settings import Settings
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "m.py").write_text("def replayed_marker():\n    return 42\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "--quiet", "-b", "main", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "--quiet", "-m", "one"], check=True)
+    env = {**(request.getfixturevalue("dist")[0] if profile == "distributed" else base_env(tmp_path)),
+           "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true"}
+    if profile == "embedded":
+        env["SCOPEKB_DATA_DIR"] = str(tmp_path / "data")
+    with pytest.MonkeyPatch.context() as mp:  # this process sees exactly the command's SCOPEKB_* settings
+        for k in [k for k in os.environ if k.startswith("SCOPEKB_")]:
+            mp.delenv(k)
+        for k, v in env.items():
+            if k.startswith("SCOPEKB_"):
+                mp.setenv(k, v)
+        rt = build_control_runtime(Settings(), name="test")
+    src = ops.register_source(rt, SourceCreate(agent_name="a", context_id="c", repo_url=str(repo), ref="main",
+                                               webhooks=False))
+    dl_id = _parked_sync(rt.records, src.id)
+    p = run(["deadletters", "replay", dl_id], env, tmp_path)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    job_id = p.stdout.split("-> job ", 1)[1].split()[0]
+    if profile == "embedded":
+        assert "(done in this process)" in p.stdout, p.stdout
+        s = run(["search", "replayed_marker", "--agent", "a", "--mode", "keyword", "--json"], env, tmp_path)
+        assert s.returncode == 0 and "m.py" in s.stdout, (s.stdout, s.stderr)
+    else:
+        assert "in this process" not in p.stdout, p.stdout
+        assert rt.coord.queued_job(job_id) is not None  # waiting for a worker, as every queued sync
+    assert rt.records.get("deadletters", dl_id)["replayed_at"] is not None  # marked replayed, listed no more
