@@ -522,14 +522,24 @@ def dl_list(include_replayed: bool = False) -> None:
 def dl_replay(dl_id: Annotated[str | None, typer.Argument()] = None,
               all_: Annotated[bool, typer.Option("--all")] = False) -> None:
     """Replay one dead letter (by id) or --all. Embedded profile: each replayed sync runs in this process before
-    it ends (no worker reads its queue), with its outcome; exit 1 when one failed."""
+    it ends (no worker reads its queue), with its outcome; a letter whose sync fails again stays parked. A letter
+    that cannot be replayed is named with the reason and the others are still replayed; exit 1 when any failed."""
+    from pydantic import ValidationError
+
+    from scopekb.errors import ScopekbError, Transient
+    from scopekb.render import validation_message
     from scopekb.runtime import build_control_runtime
 
+    if all_ and dl_id:
+        raise CliError("name a dead letter id or pass --all, not both")
     _quiet_logging()
     # Embedded: no worker consumes this process's in-memory queue, so the replayed syncs run here (as reconcile).
     rt = build_control_runtime(get_settings(), name="scopekb-cli", one_shot=True)
     ids = [d.id for d in ops.list_dead_letters(rt)] if all_ else [dl_id] if dl_id else []
     if not ids:
+        if all_:
+            out.print("no dead letters to replay")
+            return
         raise CliError("name a dead letter id or pass --all")
     here = getattr(rt.tasks, "runs_here", False)
     failed = False
@@ -537,13 +547,25 @@ def dl_replay(dl_id: Annotated[str | None, typer.Argument()] = None,
         try:
             job_id = ops.replay_dead_letter(rt, i)
         except NotFound:
-            raise CliError(f"no dead letter {i!r}") from None
+            if not all_:
+                raise CliError(f"no dead letter {i!r}") from None
+            continue  # replayed or removed since the list was read
+        except Transient:
+            raise  # the stores are down: every other letter would fail the same way
+        except (ScopekbError, ValidationError) as e:
+            reason = f"invalid {validation_message(e.errors(include_url=False), max_errors=1)}" \
+                if isinstance(e, ValidationError) else str(e)
+            err.print(one_line(f"error: dead letter {i} not replayed: {reason}"), markup=False, highlight=False)
+            failed = True
+            continue
         job = rt.records.get_job(job_id) if here else None
         state = f" ({job.state.value} in this process)" if job is not None else ""
         out.print(f"{i} -> job {job_id}{state}", markup=False, highlight=False)
         if job is not None and job.state.value == "failed":
             failed = True
-            err.print(one_line(f"job {job.id} failed: {'; '.join(job.errors[:3])}"), markup=False, highlight=False)
+            reasons = "; ".join(dict.fromkeys(job.errors[:3]))
+            err.print(one_line(f"error: job {job.id} failed, dead letter {i} stays parked: {reasons}"),
+                      markup=False, highlight=False)
     if failed:
         raise typer.Exit(1)
 

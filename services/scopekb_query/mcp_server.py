@@ -526,7 +526,21 @@ def run_stdio(key: str, settings: Settings | None = None, embed: QueryEmbedder |
         raise Unauthenticated("unknown or revoked key")
     rt.chunks.ensure_index()
     server = build_mcp_server(rt, stdio_key_of(rt.keys, key), embed)
-    anyio.run(_serve_stdio, server)
+    try:
+        anyio.run(_serve_stdio, server)
+    finally:
+        _finish_syncs(rt)
+
+
+def _finish_syncs(rt: Runtime) -> None:
+    """When the session ends (stdin closed), let the syncs its ``index`` calls started in this process finish:
+    the process ending would kill their threads mid-sync and leave their jobs queued or running for good
+    (embedded profile; in the distributed one workers run them and there is nothing to wait for)."""
+    running = getattr(rt.tasks, "running", None)
+    if not callable(running) or not running():
+        return
+    log.warning("mcp_session_ended_waiting_for_syncs", syncs=running())
+    rt.tasks.drain()
 
 
 async def _serve_stdio(server: MCPServer) -> None:

@@ -658,8 +658,14 @@ def replay_dead_letter(rt: ControlRuntime, dl_id: str) -> str:
     """Enqueue a parked task again under a new task/job id (a sync with its queued marker) and mark it
     replayed. Returns the new job id.
 
+    Where the task runs before this returns (``rt.tasks.wait``: the embedded profile's one-shot commands) and its
+    job fails, the letter stays parked with that failure as its error and one more attempt, as a worker would
+    park it again after its retries.
+
     Raises:
         NotFound: no dead letter with that id.
+        Refused: its arguments are not those of a task (``source_ids`` not a list of ids), or its task cannot run
+            in this profile; the letter stays parked.
         Transient: as :func:`enqueue_sync`.
     """
     d = rt.records.get("deadletters", dl_id)
@@ -674,10 +680,19 @@ def replay_dead_letter(rt: ControlRuntime, dl_id: str) -> str:
         ids = kwargs.pop("source_ids", [])
         trigger = kwargs.pop("trigger", "webhook")
         kwargs.pop("job_id", None)
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids) \
+                or not isinstance(trigger, str):
+            raise Refused("its arguments are malformed (source_ids must be a list of source ids, trigger a "
+                          "string): remove it or fix the task that parked it")
         enqueue_sync(rt, ids, trigger=trigger, job_id=job_id, **kwargs)
     else:
         rt.tasks.send(dl.task, job_id, kwargs)
-    dl.replayed_at = utcnow()
+    job = rt.records.get_job(job_id) if getattr(rt.tasks, "wait", False) else None
+    if job is not None and job.state == JobState.failed:
+        dl.attempts += 1
+        dl.error = "; ".join(dict.fromkeys(job.errors)) or dl.error
+    else:
+        dl.replayed_at = utcnow()
     rt.records.put("deadletters", dl.id, dl.model_dump(mode="json"))
     return job_id
 

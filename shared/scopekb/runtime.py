@@ -117,6 +117,26 @@ class InProcessTasks:
     def __init__(self, rt: Runtime, wait: bool = False) -> None:
         self.rt = rt
         self.wait = wait
+        self._running: set[threading.Thread] = set()
+        self._mu = threading.Lock()
+
+    def running(self) -> int:
+        """Syncs started by :meth:`send` in threads that have not ended yet."""
+        with self._mu:
+            return sum(1 for t in self._running if t.is_alive())
+
+    def drain(self, timeout_s: float | None = None) -> int:
+        """Wait for the syncs running in this process's threads to end (a process that ends kills its daemon
+        threads mid-sync: ``scopekb mcp`` calls this when its session ends). Returns how many still run after
+        ``timeout_s`` seconds (None: wait for all)."""
+        import time
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._mu:
+            threads = list(self._running)
+        for t in threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self.running()
 
     def held(self, task_ids: Iterable[str]) -> set[str] | None:
         """No broker: a sync runs in a thread from the moment it is sent (see :meth:`CeleryTasks.held`)."""
@@ -146,13 +166,20 @@ class InProcessTasks:
             except Exception as e:  # noqa: BLE001 - recorded on the job; a thread has nobody to raise to
                 log.error("inprocess_sync_failed", job_id=task_id, source_ids=ids, error=str(e))
                 done = self.rt.records.get_job(task_id) or job
-                self.rt.records.put_job(done.model_copy(update={
-                    "state": JobState.failed, "errors": [*done.errors, str(e)], "finished_at": utcnow()}))
+                errors = done.errors if str(e) in done.errors else [*done.errors, str(e)]  # run_sync may have
+                self.rt.records.put_job(done.model_copy(update={  # recorded it already
+                    "state": JobState.failed, "errors": errors, "finished_at": utcnow()}))
+            finally:
+                with self._mu:
+                    self._running.discard(threading.current_thread())
 
         if self.wait:
             work()
             return
-        threading.Thread(target=work, name=f"sync-{task_id}", daemon=True).start()
+        t = threading.Thread(target=work, name=f"sync-{task_id}", daemon=True)
+        with self._mu:
+            self._running.add(t)
+        t.start()
 
 
 class QueuedEmbedSink:

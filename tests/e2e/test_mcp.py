@@ -277,6 +277,56 @@ def test_mcp_stdio_embedded_profile_indexes_in_process(tmp_path: Path) -> None:
     assert hit.split("\n")[2].startswith("[1] pkg/widgets.py:"), hit
 
 
+def test_mcp_stdio_embedded_session_end_finishes_the_syncs_it_started(tmp_path: Path) -> None:
+    """Hostile review: an agent that calls ``index`` and closes stdin at once got "Queued" and the process ended,
+    killing the sync's thread: the job stayed queued or running for good and the source was never indexed. The
+    server now waits for the syncs its session started before it exits."""
+    import json
+
+    from scopekb.auth import ApiKey, new_key
+    from scopekb.models import Source
+    from scopekb.runtime import build_runtime
+    from scopekb.settings import Settings
+
+    files = {f"pkg/m{i:03d}.py": f"def function_{i}(x):\n    return x + {i}\n" for i in range(300)}
+    repo = _make_repo(tmp_path / "repo", {**files, "pkg/widgets.py": WIDGETS})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCOPEKB_")}
+    env.update({"SCOPEKB_PROFILE": "embedded", "SCOPEKB_DATA_DIR": str(tmp_path / "data"),
+                "SCOPEKB_EMBEDDING__PROVIDER": "none", "SCOPEKB_LOG_FORMAT": "json"})
+    rt = build_runtime(Settings(profile="embedded", data_dir=tmp_path / "data", embedding={"provider": "none"}))
+    secret, h = new_key()
+    rt.records.put("keys", "key_local", ApiKey(id="key_local", agent_name="laptop", key_hash=h).model_dump(mode="json"))
+    src = Source(id=Source.new_id(), agent_name="laptop", context_id="proj", repo_url=str(repo), ref="main")
+    rt.records.put_source(src)
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from scopekb_query.mcp_server import run_stdio; run_stdio(sys.argv[1])",
+         secret], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    assert p.stdin is not None and p.stdout is not None
+    try:
+        for msg in ({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                        "protocolVersion": "2025-03-26", "capabilities": {},
+                        "clientInfo": {"name": "raw", "version": "1"}}},
+                    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                     "params": {"name": "index", "arguments": {"source_id": src.id}}}):
+            p.stdin.write(json.dumps(msg).encode() + b"\n")
+            p.stdin.flush()
+        answers = [json.loads(p.stdout.readline()) for _ in range(2)]
+        assert "Queued a sync" in json.dumps(answers[1]), answers
+        job_id = json.dumps(answers[1]).split("Job id: ")[1].split('"')[0].split("\\")[0]
+        p.stdin.close()  # the agent ends its session at once
+        p.wait(timeout=300)
+        err = p.stderr.read().decode() if p.stderr else ""
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+    assert p.returncode == 0, err
+    job = rt.records.get_job(job_id)
+    assert job is not None and job.state.value == "done", (job, err[-2000:])
+    assert job.files_indexed == len(files) + 1
+
+
 def _raw_stdio_exchange(env: dict[str, str], cwd: Path, key: str, lines: list[str]) -> list[dict[str, Any] | None]:
     """Start ``run_stdio(key)``, initialise it, then write each raw line of ``lines`` and read one answer line (or
     None after 30 s: no answer)."""

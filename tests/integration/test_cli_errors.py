@@ -329,23 +329,19 @@ def test_processes_that_hand_syncs_to_workers_refuse_the_embedded_profile(tmp_pa
     assert not (data / "records.sqlite3").exists() and not (data / "index.sqlite3").exists()
 
 
-def _parked_sync(records, source_id: str) -> str:
+def _parked(records, task: str | None = None, **kwargs) -> str:
+    """Park a dead letter of ``task`` (default: a sync) with ``kwargs`` as its arguments; returns its id."""
     from scopekb.models import DeadLetter
     from scopekb.queue import TASK_SYNC_SOURCES
 
-    dl = DeadLetter(id=f"dl-{uuid.uuid4().hex[:8]}", task=TASK_SYNC_SOURCES, error="worker lost (test)",
-                    attempts=3, kwargs={"source_ids": [source_id], "trigger": "manual", "job_id": "old"})
+    dl = DeadLetter(id=f"dl-{uuid.uuid4().hex[:8]}", task=task or TASK_SYNC_SOURCES, error="worker lost (test)",
+                    attempts=3, kwargs={"trigger": "manual", "job_id": "old", **kwargs})
     records.put("deadletters", dl.id, dl.model_dump(mode="json"))
     return dl.id
 
 
-@pytest.mark.parametrize("profile", ["embedded", "distributed"])
-def test_dl_replay_runs_or_queues_the_sync_it_replays(tmp_path: Path, profile: str,
-                                                      request: pytest.FixtureRequest) -> None:
-    """``scopekb deadletters replay`` in the embedded profile enqueued the replayed sync on the in-memory broker of a
-    process that then ended: the dead letter was marked replayed and its sync never ran. Now it runs in the
-    command's process (as ``scopekb reconcile`` does there), which prints the outcome and indexes the source; in
-    the distributed profile it is queued for the workers (job visible as queued)."""
+def _dl_world(tmp_path: Path, profile: str, request: pytest.FixtureRequest):  # noqa: ANN202
+    """``(env, runtime of this process on the command's stores, repo, registered source)`` of ``profile``."""
     from scopekb import ops
     from scopekb.models import SourceCreate
     from scopekb.runtime import build_control_runtime
@@ -371,7 +367,18 @@ def test_dl_replay_runs_or_queues_the_sync_it_replays(tmp_path: Path, profile: s
         rt = build_control_runtime(Settings(), name="test")
     src = ops.register_source(rt, SourceCreate(agent_name="a", context_id="c", repo_url=str(repo), ref="main",
                                                webhooks=False))
-    dl_id = _parked_sync(rt.records, src.id)
+    return env, rt, repo, src
+
+
+@pytest.mark.parametrize("profile", ["embedded", "distributed"])
+def test_dl_replay_runs_or_queues_the_sync_it_replays(tmp_path: Path, profile: str,
+                                                      request: pytest.FixtureRequest) -> None:
+    """``scopekb deadletters replay`` in the embedded profile enqueued the replayed sync on the in-memory broker of a
+    process that then ended: the dead letter was marked replayed and its sync never ran. Now it runs in the
+    command's process (as ``scopekb reconcile`` does there), which prints the outcome and indexes the source; in
+    the distributed profile it is queued for the workers (job visible as queued)."""
+    env, rt, _, src = _dl_world(tmp_path, profile, request)
+    dl_id = _parked(rt.records, source_ids=[src.id])
     p = run(["deadletters", "replay", dl_id], env, tmp_path)
     assert p.returncode == 0, (p.stdout, p.stderr)
     job_id = p.stdout.split("-> job ", 1)[1].split()[0]
@@ -383,3 +390,37 @@ def test_dl_replay_runs_or_queues_the_sync_it_replays(tmp_path: Path, profile: s
         assert "in this process" not in p.stdout, p.stdout
         assert rt.coord.queued_job(job_id) is not None  # waiting for a worker, as every queued sync
     assert rt.records.get("deadletters", dl_id)["replayed_at"] is not None  # marked replayed, listed no more
+
+
+@pytest.mark.parametrize("profile", ["embedded", "distributed"])
+def test_dl_replay_all_names_each_letter_it_cannot_replay_and_goes_on(tmp_path: Path, profile: str,
+                                                                       request: pytest.FixtureRequest) -> None:
+    """Hostile review: ``replay --all`` stopped at the first letter it could not replay (a task other than a sync
+    in the embedded profile, arguments of the wrong type) without naming it, and the letters after it were never
+    replayed; ``source_ids`` given as a string was replayed as a list of its characters. Now each such letter is
+    named with the reason and stays parked, the others are replayed, and the exit code is 1. In the embedded
+    profile a replayed sync that fails again keeps its letter parked, with the new error and one more attempt."""
+    env, rt, repo, src = _dl_world(tmp_path, profile, request)
+    bad_ids = _parked(rt.records, source_ids=src.id)  # a string, not a list
+    bad_trigger = _parked(rt.records, source_ids=[src.id], trigger=7)
+    other = _parked(rt.records, task="scopekb.ping") if profile == "embedded" else None
+    good = _parked(rt.records, source_ids=[src.id])
+    p = run(["deadletters", "replay", "--all"], env, tmp_path)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    named = [ln for ln in p.stderr.splitlines() if ln.startswith("error: dead letter ")]
+    for dl_id in (bad_ids, bad_trigger, *([other] if other else [])):
+        assert any(f"dead letter {dl_id} not replayed" in ln for ln in named), (dl_id, p.stderr)
+        assert rt.records.get("deadletters", dl_id)["replayed_at"] is None  # still parked
+    assert f"{good} -> job " in p.stdout, p.stdout
+    assert rt.records.get("deadletters", good)["replayed_at"] is not None
+    assert "['s', 'r', 'c'" not in p.stdout + p.stderr
+    assert run(["deadletters", "replay", good, "--all"], env, tmp_path).returncode == 1  # one or the other
+    if profile == "embedded":
+        repo.rename(tmp_path / "moved")  # the replayed sync fails again
+        again = _parked(rt.records, source_ids=[src.id])
+        f = run(["deadletters", "replay", again], env, tmp_path)
+        assert f.returncode == 1 and "(failed in this process)" in f.stdout, (f.stdout, f.stderr)
+        assert f"dead letter {again} stays parked" in f.stderr, f.stderr
+        left = rt.records.get("deadletters", again)
+        assert left["replayed_at"] is None and left["attempts"] == 4 and "git" in left["error"].lower(), left
