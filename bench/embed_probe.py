@@ -97,6 +97,34 @@ VARIANTS = {
 }
 
 
+def set_chunks(qs_def: bench_sets.QualitySet):  # noqa: ANN201
+    """The chunks of a quality set's docstring-free files as the indexer cuts them (``chunk_document`` with the
+    MiniLM counter): ``(chunks [(path, chunk)], chunk ids "path#index", {id: hit fields}, chunking settings,
+    counter)``."""
+    repo = bench_sets._package_repo(qs_def)
+    files = [(str(p.relative_to(repo)), p.read_text()) for p in sorted(repo.rglob("*.py")) if ".git" not in p.parts]
+    stripped, _ = evalsets.docstring_set(files)
+    cfg = Settings().chunking
+    counter = counter_for_model("all-MiniLM-L6-v2", cfg)
+    chunks = [(p, c) for p, t in sorted(stripped.items()) for c in chunk_document(p, t, "python", cfg, counter)]
+    ids = [f"{p}#{c.chunk_index}" for p, c in chunks]
+    hits = {i: {"path": p, "start_line": c.start_line, "end_line": c.end_line}
+            for i, (p, c) in zip(ids, chunks, strict=True)}
+    return chunks, ids, hits, cfg, counter
+
+
+def with_vector_lists(base: evaluation.EvalSet, sims: np.ndarray, ids: list[str], hits: dict
+                      ) -> evaluation.EvalSet:
+    """``base`` (stored keyword lists) with each query's vector list replaced by the best 200 chunks of ``sims``
+    (``(queries, chunks)`` cosines, chunk ``j`` named ``ids[j]``), scored ``(1 + cosine) / 2`` as the stores do."""
+    lists = []
+    for qi, ls in enumerate(base.lists):
+        order = np.argsort(-sims[qi], kind="stable")[:200]
+        lists.append(evaluation.Lists(keyword=ls.keyword, hits={**ls.hits, **hits},
+                                      vector=[(ids[j], float((1 + sims[qi, j]) / 2)) for j in order]))
+    return evaluation.EvalSet(base.kind, base.queries, lists)
+
+
 def _vectors(texts: list[str], emb: LocalEmbedder, cache: SQLiteEmbeddingCache) -> tuple[list[str], dict]:
     """``(sha of each text, {sha: vector})``, embedding (64 a batch) and caching the texts the cache lacks."""
     shas = [text_sha(t) for t in texts]
@@ -123,15 +151,7 @@ def main() -> None:
     qs_def = rx._set(a.set)
     if qs_def.held_aside and not a.held_aside:
         sys.exit("the held-aside set is read only with --held-aside")
-    repo = bench_sets._package_repo(qs_def)
-    files = [(str(p.relative_to(repo)), p.read_text()) for p in sorted(repo.rglob("*.py")) if ".git" not in p.parts]
-    stripped, _ = evalsets.docstring_set(files)
-    cfg = Settings().chunking
-    counter = counter_for_model("all-MiniLM-L6-v2", cfg)
-    chunks = [(p, c) for p, t in sorted(stripped.items()) for c in chunk_document(p, t, "python", cfg, counter)]
-    ids = [f"{p}#{c.chunk_index}" for p, c in chunks]
-    hits = {i: {"path": p, "start_line": c.start_line, "end_line": c.end_line}
-            for i, (p, c) in zip(ids, chunks, strict=True)}
+    chunks, ids, hits, cfg, counter = set_chunks(qs_def)
     emb = LocalEmbedder()
     cache = SQLiteEmbeddingCache(rx.OUT / "embcache.sqlite3")
     if a.prefill:  # only embed (and cache) every variant's chunk texts, e.g. while the base search still runs
@@ -157,12 +177,7 @@ def main() -> None:
             shas, got = _vectors(texts, emb, cache)
             s_ = qmat @ np.array([got[s] for s in shas], dtype=np.float32).T
             sims = s_ if sims is None else np.maximum(sims, s_)
-        lists = []
-        for qi, ls in enumerate(base.lists):
-            order = np.argsort(-sims[qi], kind="stable")[:200]
-            lists.append(evaluation.Lists(keyword=ls.keyword, hits={**ls.hits, **hits},
-                                          vector=[(ids[j], float((1 + sims[qi, j]) / 2)) for j in order]))
-        es = evaluation.EvalSet(base.kind, queries, lists)
+        es = with_vector_lists(base, sims, ids, hits)
         for how, w, d in fusions:
             s = rx.per_query(es, how, w, d)
             ref.setdefault((how, w, d), s)

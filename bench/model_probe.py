@@ -48,11 +48,8 @@ sys.path.insert(0, str(HERE))
 
 import embed_probe as ep  # noqa: E402
 import rank_experiments as rx  # noqa: E402
-from scopekb_bench import sets as bench_sets  # noqa: E402
 
 from scopekb import evalsets, evaluation  # noqa: E402
-from scopekb.chunking import chunk_document, counter_for_model  # noqa: E402
-from scopekb.settings import Settings  # noqa: E402
 
 CACHE = HERE.parent / ".services" / "cache"
 #: variant -> (Maven artifact, file stem inside the jar)
@@ -124,17 +121,8 @@ class Bge:
 
 
 def _chunks(set_id: str) -> tuple[list[str], list[str], dict]:
-    """``(chunk ids, embedding texts, hits)`` of a set, chunked as :mod:`embed_probe` does."""
-    qs_def = rx._set(set_id)
-    repo = bench_sets._package_repo(qs_def)
-    files = [(str(p.relative_to(repo)), p.read_text()) for p in sorted(repo.rglob("*.py")) if ".git" not in p.parts]
-    stripped, _ = evalsets.docstring_set(files)
-    cfg = Settings().chunking
-    counter = counter_for_model("all-MiniLM-L6-v2", cfg)
-    chunks = [(p, c) for p, t in sorted(stripped.items()) for c in chunk_document(p, t, "python", cfg, counter)]
-    ids = [f"{p}#{c.chunk_index}" for p, c in chunks]
-    hits = {i: {"path": p, "start_line": c.start_line, "end_line": c.end_line}
-            for i, (p, c) in zip(ids, chunks, strict=True)}
+    """``(chunk ids, full embedding texts, hits)`` of a set, chunked as :mod:`embed_probe` does."""
+    chunks, ids, hits, cfg, counter = ep.set_chunks(rx._set(set_id))
     return ids, [ep.VARIANTS["full"](p, c, cfg, counter) for p, c in chunks], hits
 
 
@@ -155,13 +143,7 @@ def quality(a: argparse.Namespace) -> None:
     queries = base.queries
     for qmode in ("plain", "prefix"):
         qv = model.embed([(PREFIX if qmode == "prefix" else "") + q.query[:4096] for q in queries])
-        sims = qv @ vectors.T
-        lists = []
-        for qi, ls in enumerate(base.lists):
-            order = np.argsort(-sims[qi], kind="stable")[:200]
-            lists.append(evaluation.Lists(keyword=ls.keyword, hits={**ls.hits, **hits},
-                                          vector=[(ids[j], float((1 + sims[qi, j]) / 2)) for j in order]))
-        es = evaluation.EvalSet(base.kind, queries, lists)
+        es = ep.with_vector_lists(base, qv @ vectors.T, ids, hits)
         ref = evaluation.EvalSet(base.kind, queries, base.lists)
         for how, w, d in (("vector", 0.0, 40), ("minmax", 0.3, 40), ("minmax", 0.5, 40), ("minmax", 0.4, 200),
                           ("rrf", 0.0, 40)):

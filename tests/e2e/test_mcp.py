@@ -238,14 +238,15 @@ def test_run_stdio_refuses_an_unknown_key(stack: Stack) -> None:
     assert r.returncode != 0 and "Unauthenticated" in r.stderr and r.stdout == ""
 
 
-def test_mcp_stdio_embedded_profile_indexes_in_process(tmp_path: Path) -> None:
-    """``scopekb mcp`` on a laptop: SQLite stores, no queue; ``index`` syncs in the server process."""
+def _embedded_stdio_world(tmp_path: Path, files: dict[str, str]) -> tuple[dict[str, str], Any, str, Any]:
+    """An embedded-profile data folder with an agent key of ``laptop`` and a source (context ``proj``) on a new
+    repository of ``files``: ``(env of run_stdio, this process's runtime on it, the key, the source)``."""
     from scopekb.auth import ApiKey, new_key
     from scopekb.models import Source
     from scopekb.runtime import build_runtime
     from scopekb.settings import Settings
 
-    repo = _make_repo(tmp_path / "repo", {"pkg/widgets.py": WIDGETS})
+    repo = _make_repo(tmp_path / "repo", files)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCOPEKB_")}
     env.update({"SCOPEKB_PROFILE": "embedded", "SCOPEKB_DATA_DIR": str(tmp_path / "data"),
                 "SCOPEKB_EMBEDDING__PROVIDER": "none", "SCOPEKB_LOG_FORMAT": "json"})
@@ -254,6 +255,12 @@ def test_mcp_stdio_embedded_profile_indexes_in_process(tmp_path: Path) -> None:
     rt.records.put("keys", "key_local", ApiKey(id="key_local", agent_name="laptop", key_hash=h).model_dump(mode="json"))
     src = Source(id=Source.new_id(), agent_name="laptop", context_id="proj", repo_url=str(repo), ref="main")
     rt.records.put_source(src)
+    return env, rt, secret, src
+
+
+def test_mcp_stdio_embedded_profile_indexes_in_process(tmp_path: Path) -> None:
+    """``scopekb mcp`` on a laptop: SQLite stores, no queue; ``index`` syncs in the server process."""
+    env, _, secret, src = _embedded_stdio_world(tmp_path, {"pkg/widgets.py": WIDGETS})
     params = StdioServerParameters(
         command=sys.executable, cwd=str(tmp_path), env=env,
         args=["-c", "import sys; from scopekb_query.mcp_server import run_stdio; run_stdio(sys.argv[1])", secret])
@@ -283,21 +290,8 @@ def test_mcp_stdio_embedded_session_end_finishes_the_syncs_it_started(tmp_path: 
     server now waits for the syncs its session started before it exits."""
     import json
 
-    from scopekb.auth import ApiKey, new_key
-    from scopekb.models import Source
-    from scopekb.runtime import build_runtime
-    from scopekb.settings import Settings
-
     files = {f"pkg/m{i:03d}.py": f"def function_{i}(x):\n    return x + {i}\n" for i in range(300)}
-    repo = _make_repo(tmp_path / "repo", {**files, "pkg/widgets.py": WIDGETS})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCOPEKB_")}
-    env.update({"SCOPEKB_PROFILE": "embedded", "SCOPEKB_DATA_DIR": str(tmp_path / "data"),
-                "SCOPEKB_EMBEDDING__PROVIDER": "none", "SCOPEKB_LOG_FORMAT": "json"})
-    rt = build_runtime(Settings(profile="embedded", data_dir=tmp_path / "data", embedding={"provider": "none"}))
-    secret, h = new_key()
-    rt.records.put("keys", "key_local", ApiKey(id="key_local", agent_name="laptop", key_hash=h).model_dump(mode="json"))
-    src = Source(id=Source.new_id(), agent_name="laptop", context_id="proj", repo_url=str(repo), ref="main")
-    rt.records.put_source(src)
+    env, rt, secret, src = _embedded_stdio_world(tmp_path, {**files, "pkg/widgets.py": WIDGETS})
     p = subprocess.Popen(
         [sys.executable, "-c", "import sys; from scopekb_query.mcp_server import run_stdio; run_stdio(sys.argv[1])",
          secret], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
