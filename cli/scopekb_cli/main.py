@@ -208,7 +208,11 @@ def up(host: str = "127.0.0.1", port: int = 8000) -> None:
                                            **uvicorn_options(s.http)))
     threading.Thread(target=server.run, name="http", daemon=True).start()
     err.print(f"scopekb up (embedded, data in {s.data_dir}): http://{host}:{port}  — /v1/search, /mcp, "
-              f"/webhooks/<host>, /console, /docs")
+              f"/webhooks/<host>, /console, /docs", markup=False, highlight=False, soft_wrap=True)
+    if s.query.admin_token is None:
+        err.print("admin routes (/v1/keys, /v1/sources, /v1/jobs, the console) are off: set "
+                  "SCOPEKB_QUERY__ADMIN_TOKEN to use them, or manage keys and sources with `scopekb key create` "
+                  "and `scopekb source add`", markup=False, highlight=False, soft_wrap=True)
     import warnings
 
     from celery.exceptions import SecurityWarning
@@ -486,7 +490,7 @@ def key_create(agent: Annotated[str, typer.Option("--agent")],
                label: str | None = None) -> None:
     """Create an agent key; the key is printed once."""
     rec, key = ops.create_key(_rt(), KeyCreate(agent_name=agent, context_ids=context or None, label=label))
-    out.print(json.dumps({"id": rec.id, "key": key}))
+    out.print(json.dumps({"id": rec.id, "key": key}), soft_wrap=True, markup=False, highlight=False)  # one line
 
 
 @key_app.command("list")

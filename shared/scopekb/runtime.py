@@ -497,7 +497,8 @@ def require_distributed(settings: Settings, command: str) -> None:
         raise Refused(f"`{command}` is a process of the distributed profile (syncs pass through Redis between the "
                       "services and `scopekb worker`): "
                       "in the embedded profile run `scopekb up`, which serves the API, MCP and webhooks with its "
-                      "worker in one process, or set the SCOPEKB_OPENSEARCH/REDIS/S3 settings")
+                      "worker in one process, or set SCOPEKB_OPENSEARCH__URL, SCOPEKB_REDIS__URL and "
+                      "SCOPEKB_S3__ENDPOINT (`scripts/services env` prints them for local services)")
 
 
 _EMBEDDED: dict[str, Runtime] = {}
