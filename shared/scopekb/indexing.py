@@ -228,7 +228,7 @@ class _Prepared:
 
 def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str = "webhook",
              branch_deleted: bool = False, progress: Progress | None = None, verify: bool = False,
-             attempt: int = 0) -> Job:
+             attempt: int = 0, retried: Callable[[Exception], bool] | None = None) -> Job:
     """Bring ``source_ids`` (one repository, one ref) to the ref's current commit and return the job record.
 
     The job record (``jobs`` system index, id ``job_id``) is updated as the sync goes. Idempotent: a retry with
@@ -240,6 +240,9 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
         verify: compare the index with the tree by content id and repair any difference, even for a source
             whose sync state is already at the ref (the reconcile's check); what it repaired is ``job.drift``.
         attempt: how many times the task already ran this job and failed transiently (``job.retries["task"]``).
+        retried: says whether the caller runs the job again after this error (a worker's retry policy): the
+            record then says ``queued`` with the error, never ``failed``, so nobody polling the job takes it for
+            over in the moment before the retry is enqueued. None: every error fails the job.
 
     Raises:
         SyncError: the sources are missing or span several repositories or refs.
@@ -271,9 +274,10 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
             if not (branch_deleted and _delete_branch_if_gone(deps, job, sources)):
                 _sync(deps, job, sources, progress, verify, pushed=prev.ref if prev is not None else None)
     except Exception as e:  # recorded, then re-raised for the task's retry policy
-        job.state = JobState.failed
+        again = retried is not None and retried(e)
+        job.state = JobState.queued if again else JobState.failed
         job.errors.append(f"{type(e).__name__}: {e}")
-        job.finished_at = utcnow()
+        job.finished_at = None if again else utcnow()
         log.error("sync_failed", job_id=job.id, error=str(e), retries=job.retries)
         why = _cluster_cannot_serve(deps, e)
         if why is not None:  # a write now hangs until a cluster manager is elected: the task waits instead, and

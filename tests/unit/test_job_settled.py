@@ -338,3 +338,50 @@ def test_a_sync_failing_on_a_red_cluster_leaves_its_record_to_the_resumed_run(mo
         indexing.run_sync(deps, "j-red", ["s1"])
     job = records.get_job("j-red")
     assert job is not None and job.state == (JobState.failed if written else JobState.running)
+
+
+@pytest.mark.parametrize("retried", [True, False])
+def test_a_sync_the_caller_runs_again_never_reads_failed(monkeypatch, retried: bool) -> None:
+    """CI saw a poller read ``failed`` for a job whose task retried a moment later and finished ``done``: the sync
+    recorded ``failed`` for a transient error, then the worker marked it queued for the retry (the fault test of
+    429s then 503s from the embedding provider). With ``retried`` the record says ``queued`` with the error from
+    the first write; without it (a one-shot caller, or no attempt left) the job fails as before."""
+    from scopekb import indexing
+
+    records = FakeRecords()
+    records.put_source(Source(id="s1", agent_name="a", context_id="c", repo_url="https://example.invalid/r.git",
+                              ref="main"))
+    states: list[str] = []
+    put_job = records.put_job
+    monkeypatch.setattr(records, "put_job", lambda job, *a, **k: (states.append(job.state.value),
+                                                                   put_job(job, *a, **k))[1])
+
+    def down(*_: Any, **__: Any) -> None:
+        raise Transient("embedding provider answered http 503 after 7 attempts")
+
+    monkeypatch.setattr(indexing, "_sync", down)
+    deps = SimpleNamespace(records=records, chunks=FakeChunks(), embed_sink=None, embedder=None)
+    with pytest.raises(Transient):
+        indexing.run_sync(deps, "j1", ["s1"], retried=(lambda e: isinstance(e, Transient)) if retried else None)
+    job = records.get_job("j1")
+    assert job is not None and job.errors == ["Transient: embedding provider answered http 503 after 7 attempts"]
+    if retried:
+        assert "failed" not in states and job.state == JobState.queued and job.finished_at is None, states
+    else:
+        assert job.state == JobState.failed and job.finished_at is not None
+
+
+def test_the_worker_says_which_errors_it_runs_again(worker, monkeypatch) -> None:
+    seen: list[Any] = []
+
+    def failing_sync(deps: Any, job_id: str, *_: Any, retried: Any = None, **__: Any) -> Job:
+        seen.append(retried)
+        worker.rt.records.put_job(Job(id=job_id, state=JobState.running, source_ids=["s1"]))  # its start
+        raise Transient("git host unreachable")
+
+    monkeypatch.setattr(worker.module, "run_sync", failing_sync)
+    res = _run(worker, "j-again")
+    assert res.state == "RETRY" and len(worker.retries) == 1
+    assert seen[0](Transient("x")) and seen[0](OSError("x")) and not seen[0](ValueError("x"))
+    job = _job(worker, "j-again")
+    assert job is not None and job.state == JobState.queued  # marked for its retry, never failed

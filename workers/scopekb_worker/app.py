@@ -277,7 +277,8 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
             deps = rt.sync_deps()
             deps.attempts = attempts
             job = run_sync(deps, job_id, source_ids, trigger=trigger, branch_deleted=branch_deleted, verify=verify,
-                           attempt=attempt)
+                           attempt=attempt, retried=lambda e: isinstance(e, TRANSIENT_ERRORS)
+                           and attempt < s.worker.max_retries)  # retried or waited for below: not over
     except (Retry, Reject):  # a wait or a retry enqueued (or not, Reject): the job is not over
         raise
     except Refused as e:  # SyncError, or a request a store refused: permanent, not retried
@@ -300,8 +301,9 @@ def sync_sources(self: Task, job_id: str, source_ids: list[str], after: str | No
         except Retry:  # published: the job is waiting, not failed
             _mark_retrying(rt, job_id, attempt + 1, delay, e)
             raise
-        except Reject:  # the broker is down too: the job stays failed, the next reconcile re-syncs the source
+        except Reject:  # the broker is down too: the job fails, the next reconcile re-syncs the source
             log.error("sync_retry_not_enqueued", error=str(e)[:300])
+            _settle_failed(rt, job_id, source_ids, trigger, e)
             raise
     except Exception as e:  # anything else ends the task (a bug, the soft time limit): settle the job first
         if isinstance(e, SoftTimeLimitExceeded):  # out of time because the cluster could not serve: wait for it
@@ -439,7 +441,7 @@ def _mark_retrying(rt: Runtime, job_id: str, retry: int, delay: float, exc: Exce
     may be what is down; the job then keeps its last recorded state until the retry runs)."""
     try:
         job = rt.records.get_job(job_id)
-        if job is not None and job.state == JobState.failed:
+        if job is not None and job.state in (JobState.failed, JobState.queued, JobState.running):
             job.state = JobState.queued
             job.errors.append(f"retry {retry} in {delay:.0f}s after {type(exc).__name__}")
             rt.records.put_job(job)
