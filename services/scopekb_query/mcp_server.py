@@ -537,10 +537,10 @@ def _finish_syncs(rt: Runtime) -> None:
     the process ending would kill their threads mid-sync and leave their jobs queued or running for good
     (embedded profile; in the distributed one workers run them and there is nothing to wait for)."""
     running = getattr(rt.tasks, "running", None)
-    if not callable(running) or not running():
-        return
-    log.warning("mcp_session_ended_waiting_for_syncs", syncs=running())
-    rt.tasks.drain()
+    n = running() if callable(running) else 0
+    if n:
+        log.warning("mcp_session_ended_waiting_for_syncs", syncs=n)
+        rt.tasks.drain()
 
 
 async def _serve_stdio(server: MCPServer) -> None:

@@ -125,18 +125,13 @@ class InProcessTasks:
         with self._mu:
             return sum(1 for t in self._running if t.is_alive())
 
-    def drain(self, timeout_s: float | None = None) -> int:
+    def drain(self) -> None:
         """Wait for the syncs running in this process's threads to end (a process that ends kills its daemon
-        threads mid-sync: ``scopekb mcp`` calls this when its session ends). Returns how many still run after
-        ``timeout_s`` seconds (None: wait for all)."""
-        import time
-
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        threads mid-sync: ``scopekb mcp`` calls this when its session ends)."""
         with self._mu:
             threads = list(self._running)
         for t in threads:
-            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return self.running()
+            t.join()
 
     def held(self, task_ids: Iterable[str]) -> set[str] | None:
         """No broker: a sync runs in a thread from the moment it is sent (see :meth:`CeleryTasks.held`)."""
