@@ -9,7 +9,8 @@ S3, the local model with an embedding cache under ``.services/cache``):
 - ``tuning`` — docstring → function on httpx 0.28.1 and starlette 1.10.0 (released sdists), the set ranking
   choices of issue 21 were made on;
 - ``held-aside`` — docstring → function on werkzeug 3.1.9 and jinja2 3.1.6, never used to choose anything: the
-  set whose figures say whether a choice generalises.
+  set whose figures say whether a choice generalises;
+- ``held-aside-bge`` — the same set with bge-small-en-v1.5, the second local model (``scopekb model fetch``).
 
 The bench's first quality set (requests, click, flask, itsdangerous through the query service) stays in
 :mod:`scopekb_bench.quality`. Each figure is a mean over queries with its 95% bootstrap interval; the ratio is
@@ -33,6 +34,8 @@ from scopekb_bench.corpus import REPO_CACHE, SDISTS
 from scopekb_bench.util import REPO, Results, log
 
 EMBED_CACHE = REPO / ".services" / "cache" / "bench-embcache.sqlite3"
+#: Where fetched models are kept between runs (``scopekb model fetch``'s folder layout).
+MODELS_DIR = REPO / ".services" / "cache" / "models-fetched"
 
 
 @dataclass(frozen=True)
@@ -45,18 +48,24 @@ class QualitySet:
     packages: tuple[tuple[str, str, str], ...]
     held_aside: bool
     about: str
-    #: evaluated with the local model (all modes) in the full profile; False: keyword-only always (the history
-    #: set indexes the repository at every sampled parent commit: about an hour with the local model here)
-    model: bool = True
+    #: the local model it is evaluated with (all modes) in the full profile: ``default`` (all-MiniLM-L6-v2) or a
+    #: name of :data:`scopekb.embedding.catalog.FETCHABLE`; None: keyword-only always (the history set indexes the
+    #: repository at every sampled parent commit: about an hour with the local model here)
+    model: str | None = "default"
 
 
+HELD_ASIDE = (("werkzeug", "3.1.9", "src/werkzeug"), ("jinja2", "3.1.6", "src/jinja2"))
 SETS = (
-    QualitySet("history", "history", (), False, "scopekb's own commits: subject → changed definitions", model=False),
+    QualitySet("history", "history", (), False, "scopekb's own commits: subject → changed definitions", model=None),
     QualitySet("tuning", "docstring", (("httpx", "0.28.1", "httpx"), ("starlette", "1.10.0", "starlette")),
-               False, "httpx + starlette: docstring → function (choices were made on it)", model=False),
-    QualitySet("held-aside", "docstring", (("werkzeug", "3.1.9", "src/werkzeug"), ("jinja2", "3.1.6", "src/jinja2")),
-               True, "werkzeug + jinja2: docstring → function (never tuned on)"),
+               False, "httpx + starlette: docstring → function (choices were made on it)", model=None),
+    QualitySet("held-aside", "docstring", HELD_ASIDE, True, "werkzeug + jinja2: docstring → function (never tuned on)"),
+    QualitySet("held-aside-bge", "docstring", HELD_ASIDE, True,
+               "the held-aside set with bge-small-en-v1.5 (SCOPEKB_EMBEDDING__LOCAL_MODEL), not the default model",
+               model="bge-small-en-v1.5"),
 )
+#: Every model some set is evaluated with (``default``: the default local model).
+MODELS = tuple(dict.fromkeys(qs.model for qs in SETS if qs.model is not None))
 
 
 def _package_repo(qs: QualitySet) -> Path:
@@ -95,12 +104,15 @@ def _self_repo(workdir: Path) -> Path:
 
 
 def evaluate_sets(res: Results, runtimes: dict[bool, Any], workdir: Path, sample: int) -> dict[str, Any]:
-    """Evaluate every set of :data:`SETS` (at most ``sample`` queries each) with ``runtimes[True]`` (the local
-    model) when the set asks for it and that runtime is given, else ``runtimes[False]`` (keyword-only); record
+    """Evaluate every set of :data:`SETS` (at most ``sample`` queries each) with ``runtimes[qs.model]`` (a local
+    model) when that runtime is given, else ``runtimes[None]`` (keyword-only), skipping a set whose model runtime is
+    missing when another set of the same code has one (its keyword figures would repeat); record
     ``sets.<id>.<mode>.<metric>`` metrics (value: the mode's mean; baseline: keyword's). Returns the reports."""
     reports: dict[str, Any] = {}
     for qs in SETS:
-        rt = runtimes.get(qs.model) or runtimes[False]
+        if qs.model is not None and qs.model != "default" and qs.model not in runtimes:
+            continue  # keyword-only profile: the held-aside keyword figures are the default model's set's
+        rt = runtimes.get(qs.model) or runtimes[None]
         repo = _self_repo(workdir) if not qs.packages else _package_repo(qs)
         src = Source(agent_name="bench", context_id=qs.id, repo_url=str(repo), ref="main", webhooks=False,
                      id=Source.new_id())

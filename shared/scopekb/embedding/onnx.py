@@ -17,14 +17,16 @@ processes that start together build it once. :class:`OnnxRunner` exports a missi
 the command that fixes it.
 
 The export (:func:`export_model`, ``scopekb model export``) needs torch and transformers (the ``local`` extra):
-``torch.onnx.export`` of the Hugging Face model (eager attention, opset 17, dynamic batch and sequence axes),
-output ``last_hidden_state``; ``onnx-int8`` is ``onnxruntime.quantization.quantize_static`` of that export with
-the settings :data:`INT8_QUANTIZATION`: int8 weights, and activations quantized with ranges fixed at export time
-from the packaged calibration texts (:data:`CALIBRATION_FILE`), so a text's int8 vector does not depend on the
-texts embedded beside it. The int8 manifest records those settings: an int8 export made with other settings (or
-before they were recorded, e.g. the dynamic quantization of earlier releases) is stale and is rebuilt like a
-partial one, and the settings are part of the ``onnx-int8`` model id (:func:`int8_id_suffix`), so vectors of
-another quantization never share cache entries or an index version.
+``torch.onnx.export`` of the Hugging Face model (eager attention, opset 17, dynamic batch and sequence axes), output
+``last_hidden_state``; a model folder that holds only ``onnx/model.onnx`` (a model fetched by ``scopekb model
+fetch``, :mod:`scopekb.embedding.catalog`) is exported by copying that file, without torch; ``onnx-int8`` is
+``onnxruntime.quantization.quantize_static`` of that export with the settings :data:`INT8_QUANTIZATION`: int8
+weights, and activations quantized with ranges fixed at export time from the packaged calibration texts
+(:data:`CALIBRATION_FILE`), so a text's int8 vector does not depend on the texts embedded beside it. The int8
+manifest records those settings: an int8 export made with other settings (or before they were recorded, e.g. the
+dynamic quantization of earlier releases) is stale and is rebuilt like a partial one, and the settings are part of
+the ``onnx-int8`` model id (:func:`int8_id_suffix`), so vectors of another quantization never share cache entries or
+an index version.
 Pooling (mean over the attention mask, or ``[CLS]``, from the model's ``1_Pooling/config.json``) and L2
 normalisation run in numpy.
 """
@@ -51,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from scopekb.embedding.base import EmbeddingConfigError
+from scopekb.embedding.catalog import ONNX_FILE, is_onnx_only
 from scopekb.logging import get_logger
 
 log = get_logger(__name__)
@@ -381,7 +384,7 @@ def check_export(model_path: Path, backend: str, export_dir: Path | None = None)
     if read_manifest(where) is not None:
         return
     _check_writable(where.parent)
-    if importlib.util.find_spec("sentence_transformers") is None:
+    if importlib.util.find_spec("sentence_transformers") is None and not is_onnx_only(model_path):
         raise EmbeddingConfigError(f"the {backend} export of the local model is {_state(where)} ({where}) and "
                                    f"cannot be made without sentence-transformers: {_fix(backend)}")
 
@@ -429,7 +432,9 @@ def _build(model_path: Path, backend: str, where: Path, source: Path | None) -> 
     t0 = time.perf_counter()
     try:
         kept: list[str] = []
-        if source is None:
+        if source is None and is_onnx_only(model_path):  # a fetched model: its fp32 file is the export
+            shutil.copyfile(model_path / ONNX_FILE, tmp / MODEL_FILE)
+        elif source is None:
             _export_fp32(model_path, tmp / MODEL_FILE)
         else:
             kept = _quantize(model_path, source / MODEL_FILE, tmp / MODEL_FILE)
