@@ -57,7 +57,7 @@ def test_fetch_writes_a_checked_folder_once_and_the_fp32_export_is_its_file(mode
     assert file_sha256(folder / "tokenizer.json") == SPEC.tokenizer_sha256
     pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
     assert pooling["pooling_mode_cls_token"] and not pooling["pooling_mode_mean_tokens"]
-    assert not [p for p in models.iterdir() if p.name != NAME], "the temporary Maven repository is removed"
+    assert sorted(p.name for p in models.iterdir()) == [f".{NAME}.lock", NAME], "the temporary Maven repo is removed"
     again = run(["model", "fetch", NAME], {**base_env(tmp_path), **model_dirs}, tmp_path)
     assert again.returncode == 0 and "already fetched" in again.stdout and "fetching" not in again.stderr, again
 

