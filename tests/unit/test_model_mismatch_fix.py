@@ -25,3 +25,11 @@ def test_other_models_and_other_quantizations_name_the_reindex_only() -> None:
 
 def test_only_int8_ids_carry_the_mark() -> None:
     assert "+int8-" in INT8 and "+int8" not in FP32
+
+
+def test_an_index_of_another_named_local_model_names_the_setting_that_keeps_it() -> None:
+    """README newcomer: the notice named both model ids but not the setting to restore (issue 21's second model)."""
+    bge = "local:bge-small-en-v1.5@0123456789ab+int8-5cca3e1e"
+    assert "SCOPEKB_EMBEDDING__LOCAL_MODEL=bge-small-en-v1.5 to keep" in model_mismatch_fix(bge, INT8)
+    assert "SCOPEKB_EMBEDDING__LOCAL_MODEL=all-MiniLM-L6-v2 to keep" in model_mismatch_fix(INT8, bge)
+    assert "LOCAL_MODEL=" not in model_mismatch_fix("local:bge-small-en-v1.5@0123456789ab", bge)  # backend only

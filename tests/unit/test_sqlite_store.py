@@ -426,3 +426,42 @@ def test_a_search_with_the_other_local_backend_names_the_setting_that_keeps_the_
     assert "SCOPEKB_EMBEDDING__LOCAL_BACKEND=onnx " in msg and "scopekb reindex" in msg
     fp32.close()
     int8.close()
+
+
+def test_an_embedded_reindex_embeds_while_the_old_index_still_answers(tmp_path: Path) -> None:
+    """README newcomer: an embedded reindex dropped the tables first and embedded batch by batch, so searches found
+    nothing, then part of the index, for minutes. Every vector is now computed (into the cache) while the old index
+    still holds every chunk; the rebuild after the drop reads them from the cache and computes nothing."""
+    from scopekb.embedding.base import EmbedResult
+    from scopekb.embedding.cache import MemoryEmbeddingCache
+    from scopekb.reindex import reindex
+    from scopekb.settings import ChunkingSettings
+
+    path = tmp_path / "idx.sqlite3"
+    old = SqliteChunkStore(path, dimension=DIM, model="old")
+    old.bulk_write([doc("a", f"f{i}.py", f"def f{i}():\n    return {i}", i, vec=[1, 0, 0, 0]) for i in range(7)])
+    old.close()
+    new = SqliteChunkStore(path, dimension=DIM, model="new")
+    seen: list[int] = []
+
+    class Counting:
+        model_id, dimension, max_input_tokens = "new", DIM, 256
+
+        def embed(self, texts: list[str]) -> EmbedResult:
+            probe = SqliteChunkStore(path, dimension=DIM, model="old")  # what a searching process sees now
+            seen.append(probe.count())
+            probe.close()
+            return EmbedResult(vectors=[[0.0, 1.0, 0.0, 0.0] for _ in texts], token_counts=[1] * len(texts),
+                               total_tokens=len(texts))
+
+        def count_tokens(self, texts: list[str]) -> list[int]:
+            return [len(t.split()) for t in texts]
+
+    progress: list[int] = []
+    rep = reindex(new, Counting(), MemoryEmbeddingCache(), ChunkingSettings(), batch=3, progress=progress.append)
+    assert seen == [7, 7, 7], seen  # three batches, each embedded while the old index held all 7 chunks
+    assert (rep.chunks, rep.embeddings_computed, rep.embeddings_cached, rep.embedding_failures) == (7, 7, 0, 0)
+    assert progress == [3, 6, 7, 3, 6, 7]  # embedded, then written
+    assert (rep.old_index, rep.new_index) == (old.version_name, new.version_name) != (new.version_name,) * 2
+    assert new.count() == 7 and all(d[F.EMBEDDING_MODEL] == "new" for d in new.stored_documents())
+    new.close()

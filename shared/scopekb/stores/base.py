@@ -29,7 +29,8 @@ _INT8_MARK = "+int8"
 def model_mismatch_fix(have: str | None, want: str | None) -> str:
     """The fix named when an index holds vectors of model ``have`` and this process embeds with ``want``: always
     ``scopekb reindex``; when the two are the same local model (ids ``local:…``) and differ only in the int8 backend
-    (a changed ``embedding.local_backend``), also the setting that keeps the index as it is. Example: ``"Run
+    (a changed ``embedding.local_backend``), or the index's model is another named local model (a changed
+    ``embedding.local_model``), also the setting that keeps the index as it is. Example: ``"Run
     `scopekb reindex` (re-embeds every chunk), or set SCOPEKB_EMBEDDING__LOCAL_BACKEND=onnx to keep this index's
     vectors."``"""
     base = "Run `scopekb reindex` (re-embeds every chunk)"
@@ -37,11 +38,22 @@ def model_mismatch_fix(have: str | None, want: str | None) -> str:
         return base + "."
     have_base, _, have_q = have.partition(_INT8_MARK)
     want_base, _, want_q = want.partition(_INT8_MARK)
+    named = _named_local_model(have)
+    if named is not None and named != _named_local_model(want):  # another named local model (issue 21)
+        return f"{base}, or set SCOPEKB_EMBEDDING__LOCAL_MODEL={named} to keep this index's vectors."
     if (not have.startswith("local:") or have_base != want_base
             or (_INT8_MARK in have) == (_INT8_MARK in want)):
         return base + "."
     keep = "onnx-int8" if _INT8_MARK in have else "onnx"
     return f"{base}, or set SCOPEKB_EMBEDDING__LOCAL_BACKEND={keep} to keep this index's vectors."
+
+
+def _named_local_model(model_id: str | None) -> str | None:
+    """The ``embedding.local_model`` name of a local model id (``local:<name>@…``), or None."""
+    from scopekb.embedding.catalog import LOCAL_MODELS
+
+    name = (model_id or "").removeprefix("local:").partition("@")[0]
+    return name if (model_id or "").startswith("local:") and name in LOCAL_MODELS else None
 
 
 class IndexPlacementError(ScopekbError):

@@ -1060,7 +1060,7 @@ class OpenSearchChunkStore:
                     fix = (model_mismatch_fix(have, want) if key == "model" else "Run `scopekb reindex`.")
                     raise IndexVersionMismatch(
                         f"index {index!r} behind alias {self.alias!r} holds vectors of {key} {have!r}; this process "
-                        f"embeds queries with {want!r}: restart it with the index's settings, or: {fix}")
+                        f"embeds queries with {want!r}. {fix}")
             self._vetted.add(index)
 
     def _vector_failure(self, e: RequestError) -> Exception:

@@ -156,10 +156,12 @@ class SqliteChunkStore:
     @property
     def version_name(self) -> str:
         """A name for this index version (file, schema, dimension and model), like the OpenSearch index name."""
-        tag = hashlib.sha256(((self.model or "") + ("|int8" if self.encoder == "int8" else "")).encode()
-                             ).hexdigest()[:8]
-        kind = f"{self.dimension}-{tag}" if self.dimension else "kw"
-        return f"sqlite:{self.path}#chunks-s{SCHEMA_VERSION}-{kind}"
+        return self._name(str(SCHEMA_VERSION), self.dimension, self.model, self.encoder)
+
+    def _name(self, schema: str, dimension: int | None, model: str | None, encoder: str) -> str:
+        tag = hashlib.sha256(((model or "") + ("|int8" if encoder == "int8" else "")).encode()).hexdigest()[:8]
+        kind = f"{dimension}-{tag}" if dimension else "kw"
+        return f"sqlite:{self.path}#chunks-s{schema}-{kind}"
 
     def problem(self, recovering: bool = False) -> str | None:
         """Nothing to report beyond :meth:`health` (a local file): always None."""
@@ -267,11 +269,20 @@ class SqliteChunkStore:
             self._vec_count = None
 
     def live_index(self) -> str | None:
-        """:attr:`version_name` once the tables exist, else None (the OpenSearch alias's target, here)."""
+        """The name of the index the file holds (:attr:`version_name` of the schema, dimension, model and encoder it
+        was built with, from ``scopekb_meta``: another model's index is named as such, as the OpenSearch alias's
+        target would be) once the tables exist, else None. A reindex's summary read this store's own name for the
+        index it replaced (README newcomer)."""
         with self._db.read() as conn:
-            if self._ready or (table_exists(conn, "chunks") and table_exists(conn, "chunks_fts")):
-                return self.version_name
-            return None
+            if not (self._ready or (table_exists(conn, "chunks") and table_exists(conn, "chunks_fts"))):
+                return None
+            meta = (dict(conn.execute("SELECT key, value FROM scopekb_meta").fetchall())
+                    if table_exists(conn, "scopekb_meta") else {})
+        if not meta.get("schema_version"):
+            return self.version_name
+        dim = meta.get("dimension")
+        return self._name(meta["schema_version"], int(dim) if dim and dim.isdigit() else None,
+                          meta.get("model") or None, meta.get("encoder") or "none")
 
     def index_dimension(self) -> int | None:
         """The embedding dimension the database was built with (``scopekb_meta``): what the index holds, whatever
@@ -937,7 +948,7 @@ class SqliteChunkStore:
                 raise SqliteVersionMismatch(
                     f"the SQLite index {str(self.path)!r} holds vectors of dimension {meta.get('dimension') or None}"
                     f" and model {have!r}; this process embeds with dimension {self.dimension} and model "
-                    f"{self.model!r}: restart it with the index's model settings, or: {fix}")
+                    f"{self.model!r}. {fix}")
             gen = int(meta["vec_gen"])
             cache = self._vec_cache
             if ((cache is None or cache[0] != gen) and rowids.size <= _DIRECT_READ_MAX
