@@ -312,7 +312,8 @@ def reconcile_cmd() -> None:
 def reindex_cmd(wait_s: Annotated[int, typer.Option(help="seconds to wait for running syncs")] = 600) -> None:
     """Rebuild the chunk index for the configured mapping and embedding model, then swap the alias atomically.
 
-    Searches keep answering from the old index until the swap; syncs wait while the rebuild runs.
+    Searches keep answering from the old index until the swap (embedded profile: until the rebuilt tables are
+    written, after every vector is computed); syncs wait while the rebuild runs.
     """
     import time as _time
 

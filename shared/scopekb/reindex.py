@@ -3,7 +3,9 @@
 The pypi/warehouse pattern (DESIGN §3, §12): create the new index with refresh off and no replicas, fill it with
 bulk requests, restore the settings, point the alias at it in one ``update_aliases`` call, drop the old index.
 Searches keep answering from the old index until the swap. Vectors come through the embedding cache, so an
-unchanged model re-embeds nothing; a new model embeds each distinct chunk text once.
+unchanged model re-embeds nothing; a new model embeds each distinct chunk text once. The embedded (SQLite) index is
+rebuilt in its file: every vector is computed first, while the old tables answer, and searches go without answers
+only while the tables are written again (:func:`_rebuild_sqlite`).
 
 Syncs are held off while a reindex runs (a Redis key that the sync task checks), so no write lands in the old
 index after it has been copied.
