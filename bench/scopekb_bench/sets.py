@@ -103,10 +103,10 @@ def _self_repo(workdir: Path) -> Path:
     return dest
 
 
-def evaluate_sets(res: Results, runtimes: dict[bool, Any], workdir: Path, sample: int) -> dict[str, Any]:
+def evaluate_sets(res: Results, runtimes: dict[str | None, Any], workdir: Path, sample: int) -> dict[str, Any]:
     """Evaluate every set of :data:`SETS` (at most ``sample`` queries each) with ``runtimes[qs.model]`` (a local
-    model) when that runtime is given, else ``runtimes[None]`` (keyword-only), skipping a set whose model runtime is
-    missing when another set of the same code has one (its keyword figures would repeat); record
+    model) when that runtime is given, else ``runtimes[None]`` (keyword-only); a set of a fetched model without its
+    runtime (the keyword-only quick profile) is skipped, its keyword figures being those of the set it repeats; record
     ``sets.<id>.<mode>.<metric>`` metrics (value: the mode's mean; baseline: keyword's). Returns the reports."""
     reports: dict[str, Any] = {}
     for qs in SETS:

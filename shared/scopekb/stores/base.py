@@ -38,9 +38,11 @@ def model_mismatch_fix(have: str | None, want: str | None) -> str:
         return base + "."
     have_base, _, have_q = have.partition(_INT8_MARK)
     want_base, _, want_q = want.partition(_INT8_MARK)
-    named = _named_local_model(have)
-    if named is not None and named != _named_local_model(want):  # another named local model (issue 21)
-        return f"{base}, or set SCOPEKB_EMBEDDING__LOCAL_MODEL={named} to keep this index's vectors."
+    named, wanted = _named_local_model(have), _named_local_model(want)
+    if named is not None and wanted is not None and named != wanted:  # another named local model (issue 21)
+        backend = ("" if (_INT8_MARK in have) == (_INT8_MARK in want)
+                   else f" and SCOPEKB_EMBEDDING__LOCAL_BACKEND={'onnx-int8' if _INT8_MARK in have else 'onnx'}")
+        return f"{base}, or set SCOPEKB_EMBEDDING__LOCAL_MODEL={named}{backend} to keep this index's vectors."
     if (not have.startswith("local:") or have_base != want_base
             or (_INT8_MARK in have) == (_INT8_MARK in want)):
         return base + "."
