@@ -517,7 +517,6 @@ def build_embedded_runtime(settings: Settings, lazy_embedder: bool = False) -> R
 
 def _new_embedded_runtime(settings: Settings, lazy_embedder: bool = False) -> Runtime:
     from scopekb.blobs import LocalBlobStore
-    from scopekb.embedding import SQLiteEmbeddingCache
     from scopekb.stores.sqlite import SqliteChunkStore, SqliteRecordStore
 
     data = Path(settings.data_dir)
@@ -531,6 +530,10 @@ def _new_embedded_runtime(settings: Settings, lazy_embedder: bool = False) -> Ru
                  coord=coordination(settings), tasks=CeleryTasks(settings, "scopekb-embedded"),
                  blobs=LocalBlobStore(data / "blobs"), embedder=embedder, counter=counter)
     if embedder is not None:
-        rt._cache = SQLiteEmbeddingCache(settings.embedding.cache_path or data / "embcache.sqlite3")
+        # the profile has no OpenSearch: its default cache (``opensearch``) is the SQLite file; ``sqlite``,
+        # ``memory`` and ``none`` are honoured as written
+        kind = "sqlite" if settings.embedding.cache == "opensearch" else settings.embedding.cache
+        rt._cache = make_embedding_cache(settings.model_copy(update={"embedding": settings.embedding.model_copy(
+            update={"cache": kind, "cache_path": settings.embedding.cache_path or data / "embcache.sqlite3"})}))
         rt._cache_built = True
     return rt

@@ -470,8 +470,8 @@ class EmbeddingSettings(BaseModel):
     local_export_dir: AbsPath | None = None
 
     # --- cache (keyed by model id and sha256 of the exact text embedded) ---
-    #: ``opensearch``: system index ``<opensearch.system_prefix>-embcache``; ``sqlite``: a file (embedded mode);
-    #: ``memory``: this process only; ``none``: no cache.
+    #: ``opensearch``: system index ``<opensearch.system_prefix>-embcache`` (the embedded profile, which has no
+    #: OpenSearch, uses ``sqlite`` for it); ``sqlite``: a file; ``memory``: this process only; ``none``: no cache.
     cache: Literal["opensearch", "sqlite", "memory", "none"] = "opensearch"
     #: SQLite cache file; None: ``<data_dir>/embcache.sqlite3``.
     cache_path: AbsPath | None = None

@@ -199,3 +199,19 @@ def test_embedded_runtime_uses_the_configured_cache_path(tmp_path: Path) -> None
     rt = build_runtime(s, lazy_embedder=True)
     assert rt._cache is not None and Path(rt._cache.path) == tmp_path / "shared.sqlite3"
     rt._cache.close()
+
+
+@pytest.mark.parametrize(("cache", "kind"), [("none", type(None)), ("memory", MemoryEmbeddingCache),
+                                             ("opensearch", SQLiteEmbeddingCache), ("sqlite", SQLiteEmbeddingCache)])
+def test_embedded_runtime_honours_the_cache_setting(tmp_path: Path, cache: str, kind: type) -> None:
+    """``embedding.cache`` is honoured by the embedded profile (``none`` and ``memory`` were ignored: every vector
+    went to ``<data_dir>/embcache.sqlite3``); its default, ``opensearch``, is the SQLite file there."""
+    from scopekb.runtime import build_runtime
+
+    data = tmp_path / f"data-{cache}"
+    s = Settings(profile="embedded", data_dir=data, embedding=EmbeddingSettings(provider="local", cache=cache))
+    rt = build_runtime(s, lazy_embedder=True)
+    assert type(rt.embed_cache) is kind
+    assert (data / "embcache.sqlite3").exists() == (kind is SQLiteEmbeddingCache)
+    if isinstance(rt._cache, SQLiteEmbeddingCache):
+        rt._cache.close()
