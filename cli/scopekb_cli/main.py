@@ -1063,6 +1063,7 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False,
         f"unassigned shard copies: {health['unassigned_shards']}")
     out.print(f"search store: {line}" + (f"; {health['problem']}" if health["problem"] else ""), markup=False,
               highlight=False, soft_wrap=True)
+    out.print(f"vectors: {_vectors_line(rt)}", markup=False, highlight=False, soft_wrap=True)
     if wide:
         t = Table("source", "scope", "repo", "status", "refs: indexed commit, lag", "documents", "chunks",
                   "ranking")
@@ -1088,6 +1089,26 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False,
     elif not wide:
         out.print("--wide: repo, every ref with its lag, documents, ranking; --json: every field",
                   style="dim", markup=False, highlight=False)
+
+
+def _vectors_line(rt: Any) -> str:
+    """What ``status`` says of the index's vectors: the model and dimension they come from (read from the index,
+    not from this process's settings), and whether this process embeds queries with the same model (a process with
+    another model answers by keyword only, with a notice); ``keyword-only`` for an index without vectors. A store
+    that cannot be read says so (the health line above already names why)."""
+    try:
+        model, dim = rt.chunks.index_model(), rt.chunks.index_dimension()
+    except Exception as e:  # noqa: BLE001 - status reports; the health line names the store's problem
+        return f"unknown ({type(e).__name__})"
+    if not dim:
+        return "keyword-only index" + ("" if rt.embedder is None else
+                                       f"; this process embeds with {rt.embedder.model_id} (`scopekb reindex` adds vectors)")
+    said = f"{model or 'unknown model'} ({dim} dimensions)"
+    if rt.embedder is None:
+        return said + "; this process has no embedding model: keyword search only"
+    if model is not None and rt.embedder.model_id != model:
+        return said + f"; this process embeds with {rt.embedder.model_id}: keyword search only until `scopekb reindex`"
+    return said
 
 
 def main() -> None:

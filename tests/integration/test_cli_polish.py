@@ -114,6 +114,26 @@ def test_status_line_names_the_store_in_its_own_words(env: dict[str, str], tmp_p
         assert line.startswith("search store: SQLite file ") and "shard" not in line and "node" not in line, line
 
 
+def test_status_names_the_model_of_the_index_vectors(env: dict[str, str], tmp_path: Path) -> None:
+    """``status`` says which model the index's vectors come from (read from the index, not the settings) and
+    whether this process embeds with it: a process with another model or none answers by keyword only."""
+    def vectors_line(e: dict[str, str]) -> str:
+        p = run(["status"], e, tmp_path)
+        assert p.returncode == 0, p.stderr
+        return next(ln for ln in p.stdout.splitlines() if ln.startswith("vectors: "))
+
+    repo = git_repo(tmp_path / "proj", {"a.py": "def retry_helper():\n    return 1\n"})
+    local = {**env, "SCOPEKB_EMBEDDING__PROVIDER": "local"}
+    assert vectors_line(env) == "vectors: keyword-only index"  # nothing indexed, keyword-only settings
+    assert run(["index", str(repo)], local, tmp_path).returncode == 0
+    line = vectors_line(local)
+    assert line.startswith("vectors: local:all-MiniLM-L6-v2@") and line.endswith("(384 dimensions)"), line
+    model = line.removeprefix("vectors: ").removesuffix(" (384 dimensions)")
+    line = vectors_line(env)  # the index keeps its vectors; this process cannot embed a query
+    assert line == f"vectors: {model} (384 dimensions); this process has no embedding model: keyword search only", \
+        line
+
+
 def test_eval_history_of_a_one_commit_repository_says_why_it_is_empty(env: dict[str, str], tmp_path: Path) -> None:
     repo = git_repo(tmp_path / "one", {"a.py": "def retry_helper():\n    return 1\n"})
     assert run(["index", str(repo)], env, tmp_path).returncode == 0

@@ -504,6 +504,19 @@ class OpenSearchChunkStore:
             dim = mapping.get("properties", {}).get(F.EMBEDDING, {}).get("dimension")
         return int(dim) if dim else None
 
+    def index_model(self) -> str | None:
+        """The embedding model id of the index behind the alias (``_meta.model`` as :func:`scopekb.fields.chunk_mapping`
+        writes it; None for a keyword-only index); this store's own :attr:`model` when no index is behind the alias
+        yet. One ``_alias`` and one ``_mapping`` request; raises what the client raises."""
+        current = self.live_index()
+        if current is None:
+            return self.model if self.dimension else None
+        try:
+            mapping = self.client.indices.get_mapping(index=current)[current]["mappings"]
+        except NotFoundError:  # the alias moved between the two requests
+            return self.model if self.dimension else None
+        return mapping.get("_meta", {}).get("model") or None
+
     def health(self) -> None:
         """Raise :class:`scopekb.errors.Transient` naming the reason when the cluster cannot serve the chunk index
         now: unreachable within 2 s, no elected cluster manager, or the index red (readiness)."""

@@ -296,6 +296,17 @@ class SqliteChunkStore:
             return self.dimension
         return int(row[0]) if row[0] else None
 
+    def index_model(self) -> str | None:
+        """The embedding model id the database's vectors come from (``scopekb_meta``; None for a keyword-only
+        index); this store's own :attr:`model` while the database is not built yet."""
+        with self._db.read() as conn:
+            if not table_exists(conn, "scopekb_meta"):
+                return self.model if self.dimension else None
+            meta = dict(conn.execute("SELECT key, value FROM scopekb_meta WHERE key IN ('dimension', 'model')"))
+        if "dimension" not in meta:
+            return self.model if self.dimension else None
+        return (meta.get("model") or None) if meta["dimension"] else None
+
     def health(self) -> None:
         """Raise when the database cannot be read (readiness)."""
         with self._db.read() as conn:
