@@ -1101,8 +1101,9 @@ def _vectors_line(rt: Any) -> str:
     except Exception as e:  # noqa: BLE001 - status reports; the health line names the store's problem
         return f"unknown ({type(e).__name__})"
     if not dim:
-        return "keyword-only index" + ("" if rt.embedder is None else
-                                       f"; this process embeds with {rt.embedder.model_id} (`scopekb reindex` adds vectors)")
+        if rt.embedder is None:
+            return "keyword-only index"
+        return f"keyword-only index; this process embeds with {rt.embedder.model_id} (`scopekb reindex` adds vectors)"
     said = f"{model or 'unknown model'} ({dim} dimensions)"
     if rt.embedder is None:
         return said + "; this process has no embedding model: keyword search only"
