@@ -157,7 +157,16 @@ def _rt() -> Runtime:
     # forks must not carry torch when they only sync; `status` and the like never load it; and a model that cannot
     # be loaded (an export folder that cannot be written) fails the commands that embed, while a search answers
     # by keyword with a notice.
+    _export_notice()
     return build_runtime(s, name="scopekb-cli", lazy_embedder=True)
+
+
+def _export_notice() -> None:
+    """A first use that builds the local model's ONNX export waits a minute or more: have it say so, in one
+    stderr line (:func:`scopekb.embedding.onnx.on_auto_export`)."""
+    from scopekb.embedding import onnx
+
+    onnx.on_auto_export(lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True))
 
 
 @app.command()
@@ -428,6 +437,7 @@ def _check_embedder() -> None:
     from scopekb.runtime import embedding_setup
 
     _quiet_logging()
+    _export_notice()
     check = getattr(embedding_setup(get_settings(), lazy=True)[0], "check", None)
     if callable(check):
         check()

@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,18 @@ from scopekb.embedding.catalog import ONNX_FILE, cache_home, is_onnx_only
 from scopekb.logging import get_logger
 
 log = get_logger(__name__)
+
+#: Told one line before a missing export is built on first use (a minute or more, see :func:`on_auto_export`).
+_export_notice: Callable[[str], None] | None = None
+
+
+def on_auto_export(notice: Callable[[str], None] | None) -> None:
+    """Have ``notice(line)`` called with one line (``embeddings: building the <backend> export ...``) when a missing
+    or partial export is about to be built on first use, so that a command waiting 50-160 s says why (the CLI
+    prints it to stderr; services keep only the ``embedding_onnx_auto_export`` log event). None: no notice."""
+    global _export_notice
+    _export_notice = notice
+
 
 #: Sub-directory of a model's exports per backend.
 VARIANTS = {"onnx": "fp32", "onnx-int8": "int8"}
@@ -241,6 +253,9 @@ class OnnxRunner:
                                            f"{_fix(backend)}")
             log.info("embedding_onnx_auto_export", path=str(where), backend=backend, state=state)
             _check_writable(where.parent)
+            if _export_notice is not None:
+                _export_notice(f"embeddings: building the {backend} export of the local model once, in {where} "
+                               "(a minute or more; later runs reuse it)")
             export_in_child(model_path, backend, export_dir)
         try:
             import onnxruntime  # noqa: F401 - checked here so the error names the extra
