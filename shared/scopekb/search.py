@@ -94,10 +94,16 @@ def vector_problem(store: ChunkStore, embed: QueryEmbedder | None, mode: SearchM
     vectors) answers no kNN even when ``SCOPEKB_EMBEDDING__PROVIDER`` is set now."""
     if mode not in (SearchMode.vector, SearchMode.hybrid):
         return None
+    live = _live_dimension(store)
+    if (embed is None or not store.dimension) and live:  # README newcomer: this case said "keyword-only" too,
+        # right after a reindex had added vectors (a query service started without the provider)
+        return (f"mode {mode.value!r} needs an embedding model in the process that searches: the index holds "
+                f"vectors ({live} dimensions), but this process was started without one (use mode 'keyword', or "
+                "set SCOPEKB_EMBEDDING__PROVIDER as for the index, e.g. local, and restart it; `scopekb status` "
+                "names the index's model)")
     if embed is None or not store.dimension:
         return (f"mode {mode.value!r} needs an embedding model; this index is keyword-only (use mode 'keyword', "
                 "or set SCOPEKB_EMBEDDING__PROVIDER and run `scopekb reindex` to add vectors)")
-    live = _live_dimension(store)
     if not live:
         return (f"mode {mode.value!r} needs vectors, but this index is keyword-only: it was built without an "
                 "embedding provider (use mode 'keyword', or add vectors with `scopekb reindex` run with the "

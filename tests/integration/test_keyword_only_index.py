@@ -81,3 +81,55 @@ def test_keyword_still_answers_and_mcp_default_is_keyword(api: dict[str, Any]) -
 
     app_rt = api["client"].app.state.runtime
     assert best_mode(app_rt.chunks, lambda q: [0.0]).value == "keyword"  # what the MCP tool picks by default
+
+
+@pytest.fixture(params=PROFILES)
+def no_model(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The other way round (README newcomer): an index holding vectors, and the query app of that profile started
+    without an embedding provider (a query service restarted without ``SCOPEKB_EMBEDDING__PROVIDER`` after the
+    ``scopekb reindex`` that added the vectors)."""
+    from scopekb.runtime import make_client
+    from scopekb.stores.opensearch import OpenSearchChunkStore
+    from scopekb.stores.sqlite import SqliteChunkStore
+    from scopekb_query.app import create_app
+    from tests.integration.test_store_contract import DIM, MODEL
+
+    profile = request.param
+    run = f"nomodel-{uuid.uuid4().hex[:8]}"
+    services = {name: request.getfixturevalue(name) for name in ("opensearch_url", "redis_url", "s3_config")
+                } if profile == "distributed" else {}
+    kw = profile_settings(profile, tmp_path, services, run, ADMIN)  # provider "none"
+    store: ChunkStore
+    if profile == "embedded":
+        Path(kw.data_dir).mkdir(parents=True)
+        store = SqliteChunkStore(Path(kw.data_dir) / "index.sqlite3", dimension=DIM, model=MODEL)
+    else:
+        store = OpenSearchChunkStore(make_client(kw.opensearch), alias=kw.opensearch.alias, dimension=DIM,
+                                     model=MODEL)
+    store.ensure_index()
+    store.bulk_write([mkdoc("kwonly", "c", "src_kwonly", "lib.py", "def kwonly_marker_function():\n    return 1\n")],
+                     refresh=True)
+    app = create_app(kw)
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            made = client.post("/v1/keys", json={"agent_name": "kwonly", "context_ids": ["c"], "label": "t"},
+                               headers={"Authorization": f"Bearer {ADMIN}"})
+            assert made.status_code == 201, made.text
+            client.headers["Authorization"] = f"Bearer {made.json()['key']}"
+            assert app.state.runtime.embedder is None
+            yield {"client": client, "profile": profile}
+    finally:
+        if profile == "distributed":
+            make_client(kw.opensearch).indices.delete(index=f"{run}-*", ignore_unavailable=True)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "vector"])
+def test_vector_modes_without_a_model_in_the_process_say_so_not_keyword_only(no_model: dict[str, Any],
+                                                                              mode: str) -> None:
+    r = no_model["client"].post("/v1/search", json={"query": "kwonly_marker_function", "mode": mode})
+    assert r.status_code == 400, r.text
+    detail = r.json()["detail"]
+    assert "keyword-only" not in detail and "holds vectors (8 dimensions)" in detail, detail
+    assert "started without one" in detail and "SCOPEKB_EMBEDDING__PROVIDER" in detail, detail
+    r = no_model["client"].post("/v1/search", json={"query": "kwonly_marker_function", "mode": "keyword"})
+    assert r.status_code == 200 and [h["path"] for h in r.json()["hits"]] == ["lib.py"], r.text
