@@ -1107,6 +1107,8 @@ def _vectors_line(rt: Any) -> str:
     another model answers by keyword only, with a notice); ``keyword-only`` for an index without vectors. A store
     that cannot be read says so (the health line above already names why)."""
     try:
+        if rt.chunks.live_index() is None:
+            return "no chunk index yet (`scopekb init` or the first `scopekb index` creates it)"
         model, dim = rt.chunks.index_model(), rt.chunks.index_dimension()
     except Exception as e:  # noqa: BLE001 - status reports; the health line names the store's problem
         return f"unknown ({type(e).__name__})"

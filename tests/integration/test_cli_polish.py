@@ -124,11 +124,22 @@ def test_status_names_the_model_of_the_index_vectors(env: dict[str, str], tmp_pa
 
     repo = git_repo(tmp_path / "proj", {"a.py": "def retry_helper():\n    return 1\n"})
     local = {**env, "SCOPEKB_EMBEDDING__PROVIDER": "local"}
-    assert vectors_line(env) == "vectors: keyword-only index"  # nothing indexed, keyword-only settings
+    assert vectors_line(env) == ("vectors: no chunk index yet (`scopekb init` or the first `scopekb index` "
+                                 "creates it)")
+    p = run(["status"], env, tmp_path)  # before any index: the health of an alias that does not exist yet was
+    # asked with `_cluster/health/<alias>`, which OpenSearch holds open: "green ...; unreachable: ConnectionTimeout"
+    assert p.returncode == 0 and "unreachable" not in p.stdout and "problem" not in p.stdout, p.stdout
     assert run(["index", str(repo)], local, tmp_path).returncode == 0
     line = vectors_line(local)
     assert line.startswith("vectors: local:all-MiniLM-L6-v2@") and line.endswith("(384 dimensions)"), line
     model = line.removeprefix("vectors: ").removesuffix(" (384 dimensions)")
+    other = git_repo(tmp_path / "kw", {"b.py": "def other():\n    return 2\n"})
+    kw_home = {**env, "SCOPEKB_HOME": str(tmp_path / "kw-home")}  # another index: the fixture's names + "-kw"
+    if is_distributed(env):
+        kw_home.update(SCOPEKB_OPENSEARCH__ALIAS=env["SCOPEKB_OPENSEARCH__ALIAS"] + "-kw",
+                       SCOPEKB_OPENSEARCH__SYSTEM_PREFIX=env["SCOPEKB_OPENSEARCH__SYSTEM_PREFIX"] + "-kw")
+    assert run(["index", str(other)], kw_home, tmp_path).returncode == 0
+    assert vectors_line(kw_home) == "vectors: keyword-only index"
     line = vectors_line(env)  # the index keeps its vectors; this process cannot embed a query
     assert line == f"vectors: {model} (384 dimensions); this process has no embedding model: keyword search only", \
         line
