@@ -103,3 +103,53 @@ def test_a_worker_asks_about_the_system_indices_too_after_a_failed_step() -> Non
     assert store.problem(recovering=True) == "cluster yellow: recovering, 2 shard copies initializing, 0 relocating"
     assert store.problem() is None  # readiness and the start of a task: the chunk index only, a yellow one serves
     assert asked == ["kb-chunks,kb-sys-*", "kb-chunks"]
+
+
+class _Indices:
+    """``indices.exists`` of a fake client: the names that exist, or an error to raise."""
+
+    def __init__(self, existing: set[str], error: Exception | None = None) -> None:
+        self.existing, self.error, self.asked = existing, error, []
+
+    def exists(self, index: str, params: dict[str, Any] | None = None) -> bool:
+        self.asked.append(index)
+        if self.error is not None:
+            raise self.error
+        return index in self.existing
+
+
+class _Counted(_Client):
+    def __init__(self, health: dict[str, Any], indices: _Indices) -> None:
+        super().__init__(health)
+        self.indices = indices
+        self.health_calls: list[str | None] = []
+        inner = self.cluster.health
+
+        def health(index: str | None = None, params: dict[str, Any] | None = None) -> dict[str, Any]:
+            self.health_calls.append(index)
+            return inner(index, params)
+
+        self.cluster.health = health  # type: ignore[method-assign]
+
+
+def test_an_index_that_does_not_exist_yet_is_no_problem_and_its_health_is_not_asked() -> None:
+    """`_cluster/health/<missing alias>` is held open by OpenSearch until its timeout (README newcomer: `scopekb
+    status` before `scopekb init` took 4 s and said "green ...; unreachable: ConnectionTimeout")."""
+    c = _Counted(_health("green"), _Indices(set()))
+    assert cluster_problem(c, index="chunks") is None  # type: ignore[arg-type]
+    assert c.health_calls == [] and c.indices.asked == ["chunks"]
+    c = _Counted(_health("red", unassigned=1), _Indices({"chunks"}))
+    assert (cluster_problem(c, index="chunks") or "").startswith("cluster red")  # type: ignore[arg-type]
+    assert c.health_calls == ["chunks"]
+    c = _Counted(_health("green"), _Indices({"sys-jobs"}))
+    assert cluster_problem(c, index="chunks,sys-*", recovering=True) is None  # type: ignore[arg-type]
+    assert c.health_calls == ["sys-*"]  # the missing alias dropped, the system indices still asked
+
+
+def test_a_node_that_times_out_on_the_existence_check_is_not_asked_twice() -> None:
+    c = _Counted(_health("green"), _Indices(set(), ConnectionTimeout("TIMEOUT", "read timed out", None)))
+    assert cluster_problem(c, index="chunks") == SLOW_PROBLEM  # type: ignore[arg-type]
+    assert c.health_calls == []
+    c = _Counted(_health("green"), _Indices(set(), OSConnectionError("N/A", "refused", None)))
+    assert cluster_problem(c, index="chunks") is None  # type: ignore[arg-type]  # refused check: health answers
+    assert c.health_calls == ["chunks"]

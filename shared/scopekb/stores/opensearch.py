@@ -113,20 +113,22 @@ def _raw_hits(res: dict[str, Any]) -> list[RawHit]:
     return [(h["_id"], float(h["_score"] or 0.0), h["_source"]) for h in res["hits"]["hits"]]
 
 
-def _existing(client: OpenSearch, index: str, timeout_s: float) -> str:
+def _existing(client: OpenSearch, index: str, timeout_s: float) -> tuple[str, bool]:
     """``index`` (comma-separated names and patterns) without the plain names that do not exist, from the node's
-    local view (one ``HEAD`` per plain name; patterns are kept); ``""`` when nothing is left. A check that fails
-    keeps the name (the health request that follows reports why)."""
+    local view (one ``HEAD`` per plain name; patterns are kept; ``""`` when nothing is left), and whether a node
+    took a check's connection but did not answer within ``timeout_s``. A check that fails keeps its name and ends
+    the checks (the health request that follows reports why)."""
+    names = index.split(",")
     kept = []
-    for name in index.split(","):
+    for i, name in enumerate(names):
         if "*" not in name:
             try:
                 if not client.indices.exists(index=name, params={"local": "true", "request_timeout": timeout_s}):
                     continue
-            except Exception:  # noqa: BLE001, S110 - unreachable or refused: the health request reports it
-                pass
+            except Exception as e:  # noqa: BLE001 - unreachable or refused: the health request reports it
+                return ",".join(kept + names[i:]), isinstance(e, ConnectionTimeout)
         kept.append(name)
-    return ",".join(kept)
+    return ",".join(kept), False
 
 
 def cluster_problem(client: OpenSearch, index: str | None = None, timeout_s: float = 2.0,
@@ -147,14 +149,16 @@ def cluster_problem(client: OpenSearch, index: str | None = None, timeout_s: flo
     (HTTP 500) although the status is no longer red. A worker asks this after a failed write, to wait for the
     recovery instead of spending an attempt; readiness and search errors do not (a yellow cluster serves).
     """
+    nodes = len(getattr(getattr(client, "transport", None), "hosts", None) or [None])
+    timed_out = False
     if index is not None:  # `_cluster/health/<missing index>` is held open until its timeout instead of 404
         # (README newcomer: `scopekb status` before `scopekb init` took 4 s and said "green ...; unreachable")
-        index = _existing(client, index, timeout_s)
+        index, timed_out = _existing(client, index, timeout_s)
+        if timed_out and nodes == 1:
+            return SLOW_PROBLEM  # the one node took the connection and did not answer: not asked twice
         if index == "":
             return None  # the index does not exist yet: nothing is unavailable
     health: dict[str, Any] = {}
-    nodes = len(getattr(getattr(client, "transport", None), "hosts", None) or [None])
-    timed_out = False
     for attempt in range(nodes):  # a node that refuses is set aside by the pool: the next try asks another
         try:
             health = client.cluster.health(index=index, params={"local": "true", "request_timeout": timeout_s})
