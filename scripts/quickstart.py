@@ -30,8 +30,9 @@ def main() -> None:
     print(f"==> scopekb index {repo}", flush=True)
     subprocess.run([*cli, "index", str(repo)], env=env, check=True)
     for q in QUERIES:
-        print(f"\n==> scopekb search {q!r}", flush=True)
-        subprocess.run([*cli, "search", q, "--max-results", "3"], env=env, check=True)
+        # its own context only: the README invites indexing more into the same data folder
+        print(f"\n==> scopekb search {q!r} --context click", flush=True)
+        subprocess.run([*cli, "search", q, "--context", "click", "--max-results", "3"], env=env, check=True)
 
 
 if __name__ == "__main__":

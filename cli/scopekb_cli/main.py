@@ -1124,6 +1124,24 @@ def _vectors_line(rt: Any) -> str:
     return said
 
 
+def _plain_help(t: typer.Typer) -> None:
+    """Commands' help as a terminal shows it: the docstrings' reStructuredText literals (````x````) as ```x```
+    (README newcomer: ``scopekb model fetch --help`` printed the doubled backticks). Commands given ``help=`` keep
+    it."""
+    import inspect
+
+    for info in t.registered_commands:
+        doc = inspect.getdoc(info.callback) if info.callback is not None else None
+        if info.help is None and doc:
+            info.help = doc.replace("``", "`")
+    for group in t.registered_groups:
+        if group.typer_instance is not None:
+            _plain_help(group.typer_instance)
+
+
+_plain_help(app)
+
+
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 1."""
     import os

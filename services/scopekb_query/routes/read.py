@@ -37,8 +37,10 @@ def read(c: CallerDep, rt: Rt,
     JSON carries them in ``content`` (valid UTF-8) or ``content_base64``. 404 when the caller's scope holds no
     chunk of ``path`` at ``blob_sha`` (whether or not another scope does).
 
-    Every bad argument is a 422 of one shape, ``{"detail": "<argument>: <reason>"}`` (hostile review 2, H8: the
-    arguments are parsed by :class:`ReadRequest`, not by FastAPI, whose 422 is a list)."""
+    Every bad argument is a 422 of one shape, ``{"detail": "<argument>: <reason>"}``.
+    \f
+    (Not in the OpenAPI text, which ends at the form feed.) Hostile review 2, H8: the arguments are parsed by
+    :class:`ReadRequest`, not by FastAPI, whose 422 is a list."""
     key = agent_key_of(c, rt, "reads")
     if format not in ("json", "raw"):
         raise HTTPException(422, "format: Input should be 'json' or 'raw'")

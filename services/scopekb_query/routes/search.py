@@ -32,8 +32,9 @@ async def search(req: SearchRequest, request: Request, c: CallerDep, rt: Rt,
     has indexed pins that commit: 202 ``{"status": "pinning", "job_id", ...}``; search again when
     ``GET /v1/jobs/{job_id}`` is done (404 for a commit of no repository of the scope, 429 over
     ``git.max_pins_per_source``).
-
-    The search itself runs in a worker thread, at most ``rt.search_limiter.total`` at once
+    \f
+    (Not in the OpenAPI text, which ends at the form feed.) The search itself runs in a worker thread, at most
+    ``rt.search_limiter.total`` at once
     (:func:`scopekb.searchlimit.search_threads`); the others wait on the event loop (issue 20), and one whose client
     disconnected while it waited is not run (status 499 in the access log and metrics)."""
     try:
