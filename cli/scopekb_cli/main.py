@@ -339,7 +339,9 @@ def reindex_cmd(wait_s: Annotated[int, typer.Option(help="seconds to wait for ru
             if _time.monotonic() > deadline:
                 raise CliError(f"syncs still running after {wait_s}s; try again later")
             _time.sleep(1)
-        with _progress() as bar:
+        # the store's own guard too: embedded syncs of other processes (`scopekb index`, `scopekb up`) are not in
+        # this process's coordination; they finish first and wait for the rebuild (StoreBusy after the wait)
+        with rt.chunks.rebuild_guard(max(0.0, deadline - _time.monotonic())), _progress() as bar:
             try:
                 total = rt.chunks.count() or None
             except StoreVersionMismatch:  # an embedded index of an older schema: counted while rebuilding

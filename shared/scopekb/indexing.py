@@ -270,7 +270,7 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
     deps.records.put_job(job)
     t0 = time.monotonic()
     try:
-        with _counting_embedding_retries(None if staged else deps.embedder, job):
+        with deps.chunks.sync_guard(), _counting_embedding_retries(None if staged else deps.embedder, job):
             if not (branch_deleted and _delete_branch_if_gone(deps, job, sources)):
                 _sync(deps, job, sources, progress, verify, pushed=prev.ref if prev is not None else None)
     except Exception as e:  # recorded, then re-raised for the task's retry policy
@@ -326,7 +326,8 @@ def embed_part(deps: SyncDeps, job_id: str, run: str, part: int, items: Sequence
     texts = [str(it[1]) for it in items]
     vectors, stats, errors = embed_with_cache(deps.embedder, deps.embed_cache, texts)
     updates = {str(it[0]): (v, str(it[2])) for it, v in zip(items, vectors, strict=True) if v is not None}
-    report = deps.chunks.set_vectors(updates, deps.embedder.model_id) if updates else BulkReport()
+    with deps.chunks.sync_guard():  # not into tables a rebuild is replacing (embedded: another process's reindex)
+        report = deps.chunks.set_vectors(updates, deps.embedder.model_id) if updates else BulkReport()
     if report.errors:
         raise StoreUnavailable(f"{len(report.errors)} vectors not stored: {report.errors[0][2][:300]}")
     refused = [f"chunk {items[pos][0]}: embedding refused: {reason}" for pos, reason in sorted(errors.items())]

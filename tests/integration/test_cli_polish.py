@@ -227,3 +227,35 @@ def test_status_keeps_a_source_id_on_one_line_at_80_columns(env: dict[str, str],
     p = run(["status"], {**env, "COLUMNS": "80"}, tmp_path)
     assert p.returncode == 0, p.stderr
     assert sid in p.stdout, p.stdout  # whole, so it can be copied into `scopekb sync` / `eval`
+
+
+def test_an_embedded_index_waits_for_a_reindex_of_another_process(tmp_path: Path) -> None:
+    """Hostile review (embedded profile): ``scopekb index`` run beside ``scopekb reindex`` wrote its chunks into
+    tables the rebuild then dropped, recorded the new commit as indexed, and every later run found nothing to do.
+    Here the test process holds the rebuild guard of the data folder's index, as a reindex in another process does:
+    ``scopekb index`` waits for it, then indexes the change. (The distributed profile's syncs wait for a reindex
+    through Redis: the worker's deferral, tests/integration/test_reindex.py.)"""
+    from scopekb.stores.sqlite import SqliteChunkStore
+
+    env = base_env(tmp_path)
+    repo = git_repo(tmp_path / "proj", {"notes.md": "# notes\nfirst line\n"})
+    assert run(["index", str(repo)], env, tmp_path).returncode == 0
+    (repo / "notes.md").write_text("# notes\nfirst line\nqline_marker_7731\n")
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "q"],
+                   check=True)
+    store = SqliteChunkStore(Path(env["SCOPEKB_HOME"]) / "index.sqlite3")
+    from .test_cli_errors import CLI
+
+    with store.rebuild_guard(5):
+        p = subprocess.Popen([*CLI, "index", str(repo)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            p.wait(timeout=4)
+        except subprocess.TimeoutExpired:
+            pass
+        assert p.returncode is None, "scopekb index ran during the rebuild"
+    out, errs = p.communicate(timeout=120)
+    assert p.returncode == 0, errs
+    found = run(["search", "qline_marker_7731", "--mode", "exact"], env, tmp_path)
+    assert found.returncode == 0 and "notes.md" in found.stdout, found.stdout + found.stderr
+    store.close()

@@ -13,6 +13,7 @@ The real cluster is exercised by ``tests/faults/test_cluster_red.py``.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -74,6 +75,9 @@ class FakeChunks:
 
     def problem(self, recovering: bool = False) -> str | None:
         return self.problems.pop(0) if self.problems else None
+
+    def sync_guard(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def ensure_index(self) -> str:
         if self.ensure_error is not None:

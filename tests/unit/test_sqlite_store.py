@@ -465,3 +465,34 @@ def test_an_embedded_reindex_embeds_while_the_old_index_still_answers(tmp_path: 
     assert (rep.old_index, rep.new_index) == (old.version_name, new.version_name) != (new.version_name,) * 2
     assert new.count() == 7 and all(d[F.EMBEDDING_MODEL] == "new" for d in new.stored_documents())
     new.close()
+
+
+def test_syncs_and_a_rebuild_exclude_each_other_across_open_files(tmp_path: Path) -> None:
+    """Hostile review: in the embedded profile ``scopekb index`` beside ``scopekb reindex`` (two processes) wrote into
+    tables the rebuild then dropped, and recorded its commit as indexed. A rebuild now takes an exclusive ``flock``
+    once no sync holds the shared one, and syncs wait while it is held (each guard opens the lock file itself, as
+    another process does)."""
+    from scopekb.stores.base import StoreBusy
+
+    store = SqliteChunkStore(tmp_path / "idx.sqlite3", dimension=DIM, model="m")
+    events: list[str] = []
+    with store.sync_guard(), store.sync_guard():  # any number of syncs at once
+        with pytest.raises(StoreBusy, match="syncs still running after 0.3s"):
+            with store.rebuild_guard(0.3):
+                events.append("rebuilt while a sync ran")
+    entered = threading.Event()
+
+    def sync() -> None:
+        with store.sync_guard():
+            events.append("sync")
+            entered.set()
+
+    with store.rebuild_guard(1.0):
+        t = threading.Thread(target=sync)
+        t.start()
+        assert not entered.wait(0.5), "a sync ran inside the rebuild"
+        events.append("rebuild done")
+    assert entered.wait(5)
+    t.join()
+    assert events == ["rebuild done", "sync"], events
+    store.close()

@@ -9,6 +9,7 @@ Adapters translate their library's errors into :mod:`scopekb.errors` (``Transien
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -16,6 +17,10 @@ from typing import Any, Protocol
 from scopekb.errors import ScopekbError
 from scopekb.models import Job, Source, utcnow
 from scopekb.textsearch import LiteralQuery
+
+
+class StoreBusy(ScopekbError):
+    """``scopekb reindex`` could not take the store: syncs were still running when its wait ran out."""
 
 
 class StoreVersionMismatch(RuntimeError):
@@ -200,6 +205,21 @@ class ChunkStore(Protocol):
     def index_dimension(self) -> int | None:
         """The embedding dimension the live index was built with (None: keyword-only), read from the index itself
         rather than from this process's settings; this store's ``dimension`` while no index exists."""
+        ...
+
+    def sync_guard(self) -> AbstractContextManager[None]:
+        """Held by a sync (or an embedding part) while it reads and writes this store; waits while a rebuild
+        (:meth:`rebuild_guard`) of another process holds the store. OpenSearch: nothing (the distributed profile's
+        syncs wait for ``scopekb reindex`` through the coordination store)."""
+        ...
+
+    def rebuild_guard(self, wait_s: float) -> AbstractContextManager[None]:
+        """Held by ``scopekb reindex`` for the whole rebuild: waits up to ``wait_s`` seconds for running syncs of
+        any process to finish, then keeps new ones waiting until it is released.
+
+        Raises:
+            StoreBusy: syncs still running after ``wait_s``.
+        """
         ...
 
     def index_model(self) -> str | None:

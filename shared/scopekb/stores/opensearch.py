@@ -529,6 +529,15 @@ class OpenSearchChunkStore:
             dim = mapping.get("properties", {}).get(F.EMBEDDING, {}).get("dimension")
         return int(dim) if dim else None
 
+    def sync_guard(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to hold: distributed syncs wait for ``scopekb reindex`` through the coordination store."""
+        return contextlib.nullcontext()
+
+    def rebuild_guard(self, wait_s: float) -> contextlib.AbstractContextManager[None]:
+        """Nothing to hold: ``scopekb reindex`` waits for running syncs through the coordination store, and the
+        rebuild writes a new index behind the alias."""
+        return contextlib.nullcontext()
+
     def index_model(self) -> str | None:
         """The embedding model id of the index behind the alias (``_meta.model`` as :func:`scopekb.fields.chunk_mapping`
         writes it; None for a keyword-only index); this store's own :attr:`model` when no index is behind the alias

@@ -5,12 +5,16 @@ Same contract as :class:`scopekb.stores.opensearch.OpenSearchChunkStore` (:class
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
+import os
 import secrets
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +29,7 @@ from scopekb.stores.base import (
     RawHit,
     RefOverlay,
     SearchFilter,
+    StoreBusy,
     StoreVersionMismatch,
     SymbolQuery,
     model_mismatch_fix,
@@ -295,6 +300,51 @@ class SqliteChunkStore:
         if row is None:
             return self.dimension
         return int(row[0]) if row[0] else None
+
+    @property
+    def lock_path(self) -> Path:
+        """The file whose ``flock`` orders syncs and rebuilds of this database across processes."""
+        return self.path.with_name(self.path.name + ".lock")
+
+    @contextlib.contextmanager
+    def sync_guard(self) -> Iterator[None]:
+        """A shared ``flock`` on :attr:`lock_path` for the block: any number of syncs (and embedding parts), in any
+        process, at once; none while a rebuild (:meth:`rebuild_guard`, ``scopekb reindex`` in another process)
+        holds it - the sync waits for it to end (hostile review: ``scopekb index`` beside ``scopekb reindex``
+        wrote into tables the rebuild then dropped, and recorded its commit as indexed)."""
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("sync_waits_for_rebuild", lock=str(self.lock_path))
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    @contextlib.contextmanager
+    def rebuild_guard(self, wait_s: float) -> Iterator[None]:
+        """An exclusive ``flock`` on :attr:`lock_path` for the block (``scopekb reindex``): taken once no sync of
+        any process holds it, polled for up to ``wait_s`` seconds; while held, new syncs wait.
+
+        Raises:
+            StoreBusy: syncs still hold it after ``wait_s``.
+        """
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + max(0.0, wait_s)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise StoreBusy(f"syncs still running after {wait_s:g}s; try again later") from None
+                    time.sleep(0.2)
+            yield
+        finally:
+            os.close(fd)
 
     def index_model(self) -> str | None:
         """The embedding model id the database's vectors come from (``scopekb_meta``; None for a keyword-only
