@@ -260,7 +260,10 @@ class Mirror:
         """
         if not self.has_commit(commit):
             raise CommitNotFound(f"commit {commit} not found in {self.repo_url}")
-        out = self.repo.git.ls_tree("-r", "-l", "-z", "--full-tree", commit, strip_newline_in_stdout=False)
+        try:
+            out = self.repo.git.ls_tree("-r", "-l", "-z", "--full-tree", commit, strip_newline_in_stdout=False)
+        except git.GitCommandError as e:  # a missing or damaged tree object (hostile review: GitPython's message)
+            raise GitError(f"cannot read the tree of commit {commit} in {self.repo_url}: {git_cause(e)}") from None
         entries: list[TreeEntry] = []
         escaped: list[TreeEntry] = []
         for rec in out.split("\0"):
@@ -269,6 +272,10 @@ class Mirror:
             meta, raw = rec.split("\t", 1)
             mode, _type, sha, size = meta.split()
             path = escape_path(raw)
+            if size != "-" and not size.isdigit():  # git prints "BAD" for an object it cannot read (hostile
+                # review: `int("BAD")` ended the sync with a ValueError)
+                raise GitError(f"object {sha} ({path!r}) of commit {commit} is missing or damaged in "
+                               f"{self.repo_url}: repair the repository (git fsck) and push again")
             (entries if path == raw else escaped).append(
                 TreeEntry(path=path, mode=mode, sha=sha, size=None if size == "-" else int(size)))
         self.dropped = {}

@@ -17,6 +17,23 @@ import structlog
 _configured: str | None = None
 
 
+#: Events not written in this process (:func:`drop_events`).
+_DROPPED: frozenset[str] = frozenset()
+
+
+def drop_events(names: frozenset[str]) -> None:
+    """Write no log line for these event names in this process: the CLI reports a failed in-process sync in one
+    line of its own, so the sync's ``sync_failed`` line would say it twice (hostile review)."""
+    global _DROPPED
+    _DROPPED = frozenset(names)
+
+
+def _drop(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+    if event.get("event") in _DROPPED:
+        raise structlog.DropEvent
+    return event
+
+
 def configure_logging(fmt: str = "auto", level: str = "INFO") -> None:
     """Configure structlog and the stdlib root logger once per process.
 
@@ -33,6 +50,7 @@ def configure_logging(fmt: str = "auto", level: str = "INFO") -> None:
     if not isinstance(lvl, int):
         lvl = logging.INFO
     shared: list[Any] = [
+        _drop,
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

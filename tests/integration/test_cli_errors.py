@@ -433,3 +433,27 @@ def test_dl_replay_all_names_each_letter_it_cannot_replay_and_goes_on(tmp_path: 
         assert f"dead letter {again} stays parked" in f.stderr, f.stderr
         left = rt.records.get("deadletters", again)
         assert left["replayed_at"] is None and left["attempts"] == 4 and "git" in left["error"].lower(), left
+
+
+@pytest.mark.parametrize("damage", ["garbage", "missing"])
+def test_a_damaged_git_object_is_one_line_naming_it(tmp_path: Path, damage: str) -> None:
+    """Hostile review: a blob object of the repository replaced by garbage (or deleted) ended ``scopekb index`` with
+    ``ValueError: invalid literal for int() with base 10: 'BAD'`` (``git ls-tree -l`` prints ``BAD`` as its size)."""
+    repo = tmp_path / "broken"
+    repo.mkdir()
+    (repo / "a.py").write_text("def a():\n    return 1\n")
+    (repo / "b.py").write_text("def b():\n    return 2\n")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "one"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD:a.py"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    obj = repo / ".git" / "objects" / sha[:2] / sha[2:]
+    obj.chmod(0o644)
+    if damage == "garbage":
+        obj.write_bytes(b"garbage\n")
+    else:
+        obj.unlink()
+    p = run(["index", str(repo)], base_env(tmp_path), tmp_path)
+    assert_one_line_error(p, sha)
+    assert "ValueError" not in p.stderr and "\\n" not in p.stderr, p.stderr
