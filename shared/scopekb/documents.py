@@ -153,14 +153,21 @@ def html_text(html: str) -> str:
 
 #: Longest document name accepted by an upload (characters), below S3's 1,024-byte object key with a prefix.
 MAX_DOCUMENT_NAME = 900
+#: Longest object key, prefix included, in UTF-8 bytes (Amazon S3: "The name for a key is a sequence of Unicode
+#: characters whose UTF-8 encoding is at most 1,024 bytes long").
+MAX_OBJECT_KEY_BYTES = 1024
+#: Longest path segment in UTF-8 bytes (Linux ``NAME_MAX``; the embedded profile stores documents as files).
+MAX_SEGMENT_BYTES = 255
 #: The names an older embedded folder gave its partial writes (``<name>.tmp<pid>``); its listing skips them.
 _PARTIAL_WRITE = re.compile(r"\.tmp[0-9]+$")
 
 
-def document_name_problem(rel: str) -> str | None:
+def document_name_problem(rel: str, prefix: str = "") -> str | None:
     """Why ``rel`` cannot name an uploaded document (a path below a source's prefix, ``runbooks/x.md``), or None.
 
-    One rule for both profiles (hostile reviews 3 and 4): at most :data:`MAX_DOCUMENT_NAME` characters; no control
+    One rule for both profiles (hostile reviews 3 and 4): at most :data:`MAX_DOCUMENT_NAME` characters, an object
+    key (``prefix`` + name) of at most :data:`MAX_OBJECT_KEY_BYTES` and parts of at most :data:`MAX_SEGMENT_BYTES`
+    UTF-8 bytes; no control
     characters, no whitespace at either end and no U+FFFD (a trailing ``%0A`` was stripped and invalid UTF-8 was
     stored as U+FFFD, so the document got another name than the one sent); no empty, ``.`` or ``..`` segment
     (``a//b.md``, ``dir/``, ``a/./b.md``: S3 stored ``dir/`` as a folder marker that was never indexed and refused
@@ -168,6 +175,13 @@ def document_name_problem(rel: str) -> str | None:
     ``.tmp<digits>`` (the embedded folder's old partial-write names, which its listing skips)."""
     if len(rel) > MAX_DOCUMENT_NAME:
         return f"name is {len(rel)} characters; at most {MAX_DOCUMENT_NAME} are allowed"
+    key_bytes = len((prefix + rel).encode("utf-8", "surrogatepass"))
+    if key_bytes > MAX_OBJECT_KEY_BYTES:  # hostile review: 1,798 bytes in 899 characters was a 503 from S3
+        return (f"name makes an object key of {key_bytes} bytes (UTF-8, with the source's prefix); at most "
+                f"{MAX_OBJECT_KEY_BYTES} are allowed")
+    longest = max((len(p.encode("utf-8", "surrogatepass")) for p in rel.split("/")), default=0)
+    if longest > MAX_SEGMENT_BYTES:  # hostile review: a 300-character file name was a 500 (ENAMETOOLONG)
+        return f"a part of the name between '/' is {longest} bytes (UTF-8); at most {MAX_SEGMENT_BYTES} are allowed"
     if not rel or any(ord(c) < 32 or ord(c) == 127 for c in rel):
         return "name must be a non-empty relative path without control characters"
     if rel != rel.strip():

@@ -154,7 +154,7 @@ def upload_document(rt: Runtime, source_id: str, name: str, data: bytes, content
     if src.kind != "s3":
         raise Refused("documents can only be uploaded to an object-store (s3) source")
     rel = name.lstrip("/")  # "/runbooks/x.md" is below the prefix too; nothing else is changed before the check
-    problem = document_name_problem(rel)  # one rule for S3 and the embedded folder
+    problem = document_name_problem(rel, src.prefix or "")  # one rule for S3 and the embedded folder
     if problem:
         raise Refused(problem, 422)
     if len(data) > rt.settings.ingester.max_body_bytes * UPLOAD_BODY_FACTOR:
