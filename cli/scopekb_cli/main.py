@@ -21,7 +21,7 @@ from rich.text import Text
 
 from scopekb import ops
 from scopekb.errors import NotFound
-from scopekb.logging import configure_logging
+from scopekb.logging import configure_logging, drop_events
 from scopekb.models import (
     MAX_ANSWER_TOKENS,
     MIN_ANSWER_TOKENS,
@@ -158,6 +158,9 @@ def _rt() -> Runtime:
     # be loaded (an export folder that cannot be written) fails the commands that embed, while a search answers
     # by keyword with a notice.
     _export_notice()
+    # a one-shot command reports a failed in-process sync in its own one line (`serve`, `up` and `worker` do not
+    # come here and keep the line)
+    drop_events(frozenset({"sync_failed"}))
     return build_runtime(s, name="scopekb-cli", lazy_embedder=True)
 
 
