@@ -45,7 +45,7 @@ from scopekb.render import (
     validation_message,
 )
 from scopekb.runtime import Runtime, build_runtime
-from scopekb.search import SearchUnavailable, run_search
+from scopekb.search import SearchUnavailable, best_mode, run_search
 from scopekb.settings import get_settings
 from scopekb.stores.base import ScopeFilter
 
@@ -638,9 +638,16 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
         if src is None:
             raise CliError(f"no source {target!r}")
         return src
+    if not target.strip():  # hostile review: "" resolved to the working directory and indexed it
+        raise CliError("TARGET is empty: name a folder, a local git repository or a source id")
     path = Path(target).expanduser().resolve()
     if not path.exists():
         raise CliError(f"{target} is neither a source id nor an existing path")
+    data = Path(rt.settings.data_dir).expanduser().resolve()
+    if path == data or data in path.parents:  # hostile review: the data folder indexed into itself (a folder that
+        # holds it is snapshotted without it, scopekb.folders.snapshot_folder)
+        raise CliError(f"{path} is scopekb's data folder or inside it ({data}); index another folder, or set "
+                       "SCOPEKB_HOME elsewhere")
     if not rt.settings.git.allow_local_paths:  # refuse before any snapshot or registration: nothing half-done
         raise CliError(f"{path} is a local path: in the distributed profile indexing one needs "
                        "SCOPEKB_GIT__ALLOW_LOCAL_PATHS=true (workers then read it through git's file transport); "
@@ -777,7 +784,9 @@ def search(query: str,
     s = get_settings()
     _check_agent(agent)
     rt = _rt()
-    chosen = mode or (SearchMode.hybrid if rt.embedder is not None else SearchMode.keyword)
+    # what the index supports, as the MCP tool chooses (hostile review: a process with the local model on a
+    # keyword-only index refused its own default, hybrid, with exit code 1)
+    chosen = mode or best_mode(rt.chunks, rt.embed_query if rt.embedder is not None else None)
     scope = ScopeFilter(agent, None if context is None else (context,))
     filters: dict[str, list[str]] = {}
     for item in meta or []:

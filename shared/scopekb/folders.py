@@ -71,7 +71,8 @@ def display_name(path: str) -> str:
 def snapshot_folder(folder: Path, data_dir: Path, branch: str = "main") -> tuple[Path, str]:
     """Commit the folder's current content to a private bare repository; return (repository path, commit).
 
-    The commit is reused when nothing changed, so an unchanged folder syncs as a no-op.
+    The commit is reused when nothing changed, so an unchanged folder syncs as a no-op. A ``data_dir`` inside the
+    folder is left out (hostile review: a folder holding scopekb's data folder was indexed with it).
 
     Raises:
         FolderError: the folder does not exist or git fails.
@@ -93,7 +94,9 @@ def snapshot_folder(folder: Path, data_dir: Path, branch: str = "main") -> tuple
         subprocess.run(["git", "init", "--quiet", "--bare", "--initial-branch", branch, str(gd)], check=True,
                        capture_output=True, env={**os.environ, **_ENV})
         (gd / "description").write_text(f"scopekb snapshot of {folder}\n")
-    git("add", "--all", "--ignore-errors", ".", check=False)
+    data = Path(data_dir).resolve()
+    inside = [f":(exclude,literal){data.relative_to(folder).as_posix()}"] if folder in data.parents else []
+    git("add", "--all", "--ignore-errors", "--", ".", *inside, check=False)  # never scopekb's own data folder
     tree = git("write-tree")
     parent = git("rev-parse", "--quiet", "--verify", f"refs/heads/{branch}", check=False)
     if parent and git("rev-parse", f"{parent}^{{tree}}") == tree:

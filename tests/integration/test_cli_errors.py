@@ -457,3 +457,23 @@ def test_a_damaged_git_object_is_one_line_naming_it(tmp_path: Path, damage: str)
     p = run(["index", str(repo)], base_env(tmp_path), tmp_path)
     assert_one_line_error(p, sha)
     assert "ValueError" not in p.stderr and "\\n" not in p.stderr, p.stderr
+
+
+def test_an_empty_target_or_the_data_folder_is_refused_and_a_folder_holding_it_is_indexed_without_it(
+        tmp_path: Path) -> None:
+    """Hostile review: ``scopekb index ""`` indexed the working directory, ``scopekb index $SCOPEKB_HOME`` the data
+    folder into itself, and a folder holding the data folder was indexed with it (its index and key files)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.md").write_text("# notes\nzorblat_marker\n")
+    env = {**base_env(tmp_path), "SCOPEKB_HOME": str(project / ".scopekb")}
+    for target, needle in (("", "TARGET is empty"), (str(project / ".scopekb"), "data folder"),
+                           (str(project / ".scopekb" / "folders"), "data folder")):
+        if target:
+            Path(target).mkdir(parents=True, exist_ok=True)
+        assert_one_line_error(run(["index", target], env, project), needle)
+    p = run(["index", str(project)], env, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "reading files: 1/1" in p.stderr, p.stderr  # notes.md only, none of .scopekb/
+    found = run(["search", "zorblat_marker", "--mode", "exact"], env, tmp_path)
+    assert "notes.md" in found.stdout, found.stdout

@@ -140,9 +140,17 @@ def test_status_names_the_model_of_the_index_vectors(env: dict[str, str], tmp_pa
                        SCOPEKB_OPENSEARCH__SYSTEM_PREFIX=env["SCOPEKB_OPENSEARCH__SYSTEM_PREFIX"] + "-kw")
     assert run(["index", str(other)], kw_home, tmp_path).returncode == 0
     assert vectors_line(kw_home) == "vectors: keyword-only index"
+    # hostile review: with the local model, the default mode (hybrid) was refused on a keyword-only index, rc 1
+    p = run(["search", "other"], {**kw_home, "SCOPEKB_EMBEDDING__PROVIDER": "local"}, tmp_path)
+    assert p.returncode == 0 and "keyword search" in p.stdout and "b.py" in p.stdout, p.stdout + p.stderr
     line = vectors_line(env)  # the index keeps its vectors; this process cannot embed a query
     assert line == f"vectors: {model} (384 dimensions); this process has no embedding model: keyword search only", \
         line
+    # hostile review: indexing from such a process named `scopekb reindex`, which without a provider drops the vectors
+    p = run(["index", str(repo)], env, tmp_path)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("embeddings:")]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr
+    assert "set SCOPEKB_EMBEDDING__PROVIDER" in lines[0] and "would drop the vectors" in lines[0], lines[0]
 
 
 def test_eval_history_of_a_one_commit_repository_says_why_it_is_empty(env: dict[str, str], tmp_path: Path) -> None:

@@ -87,21 +87,24 @@ def runtime() -> Runtime:
 
 
 #: The runtime whose chunk index :func:`ensure_chunk_index` last checked successfully (one check per process).
-_index_checked: list[Runtime] = []
+_index_checked: list[Any] = []  # [runtime, the live index name it checked]
 
 
 def ensure_chunk_index(rt: Runtime) -> None:
     """Create, check and migrate the chunk index (:meth:`scopekb.stores.base.ChunkStore.ensure_index`) once per
-    runtime: the first sync of a worker process does it, and every sync after one where it failed.
+    runtime and live index: the first sync of a worker process does it, every sync after one where it failed, and
+    the first sync after the alias moved to another index (each sync asks for the live index's name).
 
     Raises:
         Transient: the cluster cannot answer (unreachable, no elected cluster manager, a shard without a copy).
         StoreVersionMismatch: the live index has another mapping version or dimension (``scopekb reindex``).
     """
-    if _index_checked and _index_checked[0] is rt:
-        return
-    rt.chunks.ensure_index()
-    _index_checked[:] = [rt]
+    if _index_checked and _index_checked[0] is rt and rt.chunks.live_index() == _index_checked[1]:
+        return  # still the index this process checked: one alias request a sync
+    # first sync, or the alias moved (a `scopekb reindex` swapped it to another model or dimension; hostile review:
+    # a worker without a provider kept writing chunks without vectors into the new vector index, and one of another
+    # model of the same dimension would have mixed two vector spaces): checked again, a mismatch refuses the sync
+    _index_checked[:] = [rt, rt.chunks.ensure_index()]
 
 
 @worker_process_init.connect

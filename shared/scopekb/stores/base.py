@@ -31,6 +31,14 @@ class StoreVersionMismatch(RuntimeError):
 _INT8_MARK = "+int8"
 
 
+def no_model_fix(dimension: int, model: str | None) -> str:
+    """The fix named when an index holds vectors (``dimension``, of ``model``) and this process has no embedding
+    model (hostile review: "Run `scopekb reindex`" was named, and a reindex without a provider drops every vector)."""
+    return (f"The index holds {dimension}-dimension vectors of {model or 'an unrecorded model'} and this process has "
+            "no embedding model: set SCOPEKB_EMBEDDING__PROVIDER (e.g. local) as for the index and run it again "
+            "(`scopekb reindex` without a provider would drop the vectors).")
+
+
 def model_mismatch_fix(have: str | None, want: str | None) -> str:
     """The fix named when an index holds vectors of model ``have`` and this process embeds with ``want``: always
     ``scopekb reindex``; when the two are the same local model (ids ``local:…``) and differ only in the int8 backend

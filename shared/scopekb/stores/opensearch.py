@@ -35,6 +35,7 @@ from scopekb.stores.base import (
     answered_problem,
     model_mismatch_fix,
     newest_blob_per_path,
+    no_model_fix,
 )
 from scopekb.stores.sqlite.text import keyword_terms
 from scopekb.textsearch import LiteralQuery
@@ -405,10 +406,13 @@ class OpenSearchChunkStore:
         if current is not None:
             meta = self.client.indices.get_mapping(index=current)[current]["mappings"].get("_meta", {})
             if meta.get("mapping_version") != F.MAPPING_VERSION or meta.get("dimension") != self.dimension:
+                fix = (no_model_fix(meta["dimension"], meta.get("model")) if meta.get("dimension")
+                       and not self.dimension and meta.get("mapping_version") == F.MAPPING_VERSION
+                       else "Run `scopekb reindex`.")
                 raise IndexVersionMismatch(
                     f"index {current!r} behind alias {self.alias!r} has mapping version "
                     f"{meta.get('mapping_version')} and dimension {meta.get('dimension')}; this process wants "
-                    f"version {F.MAPPING_VERSION} and dimension {self.dimension}. Run `scopekb reindex`.")
+                    f"version {F.MAPPING_VERSION} and dimension {self.dimension}. {fix}")
             # indices made before model/encoder were recorded have neither key: accepted as they are
             for key, want in (("model", self.model), ("encoder", self.encoder)):
                 if self.dimension and meta.get(key) is not None and want is not None and meta[key] != want:

@@ -34,6 +34,7 @@ from scopekb.stores.base import (
     SymbolQuery,
     model_mismatch_fix,
     newest_blob_per_path,
+    no_model_fix,
 )
 from scopekb.stores.sqlite import topk
 from scopekb.stores.sqlite.db import Connections, table_exists
@@ -217,6 +218,8 @@ class SqliteChunkStore:
                         f"{have_dim} and model {have_model!r}; this process wants version {SCHEMA_VERSION}, "
                         f"dimension {self.dimension} and model {self.model!r}. "
                         + (model_mismatch_fix(have_model, self.model) if model_differs and have_dim == self.dimension
+                           and meta["schema_version"] == str(SCHEMA_VERSION)
+                           else no_model_fix(have_dim, have_model) if have_dim and not self.dimension
                            and meta["schema_version"] == str(SCHEMA_VERSION) else "Run `scopekb reindex`."))
                 have_enc = meta.get("encoder") or "none"  # files made before the encoder was recorded: float32
                 if self.dimension and have_enc != self.encoder:
