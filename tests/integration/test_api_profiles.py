@@ -114,6 +114,19 @@ def test_a_queued_sync_is_visible_as_a_job_at_once(api: dict[str, Any]) -> None:
     assert job.json()["state"] == "queued" and job.json()["source_ids"] == [src["id"]]
     assert job.json()["trigger"] == "manual"
     assert c.get("/v1/jobs/nope").status_code == 404
+    # hostile review: an agent told (by a pin's 202) to poll its job got 403; its own scope's jobs answer now,
+    # another scope's are 404 like an unknown id, and the job list stays admin-only
+    keys = {}
+    for agent, contexts in (("prof", ["c"]), ("prof", ["other"]), ("intruder", None)):
+        made = c.post("/v1/keys", json={"agent_name": agent, "context_ids": contexts, "label": "jobs"})
+        assert made.status_code == 201, made.text
+        keys[(agent, str(contexts))] = {"Authorization": f"Bearer {made.json()['key']}"}
+    mine = c.get(f"/v1/jobs/{r.json()['job_id']}", headers=keys[("prof", "['c']")])
+    assert mine.status_code == 200 and mine.json()["id"] == r.json()["job_id"], mine.text
+    for who in (("prof", "['other']"), ("intruder", "None")):
+        other = c.get(f"/v1/jobs/{r.json()['job_id']}", headers=keys[who])
+        assert other.status_code == 404 and "state" not in other.text, (who, other.text)
+    assert c.get("/v1/jobs", headers=keys[("prof", "['c']")]).status_code == 403
     assert c.post("/v1/sources/src_missing/sync").status_code == 404
     for bad in ("-1", "0", "100000000", "x"):  # out of 1..200: a 422 naming the range, not a silent clamp
         r = c.get(f"/v1/jobs?limit={bad}")

@@ -1,23 +1,42 @@
-"""Jobs, dead letters and the index status (admin)."""
+"""Jobs, dead letters and the index status (admin; a job of its own scope also to an agent key)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from starlette.concurrency import run_in_threadpool
 
 from scopekb import ops
-from scopekb_query.deps import ADMIN, Rt
+from scopekb.errors import NotFound
+from scopekb_query.deps import ADMIN, CallerDep, Rt, admin_only, agent_key_of
 
 router = APIRouter(tags=["jobs"], dependencies=ADMIN)
+#: ``GET /v1/jobs/{job_id}`` also answers agent keys, for the jobs of their own scope.
+job_router = APIRouter(tags=["jobs"])
 #: Most jobs ``GET /v1/jobs`` returns.
 MAX_JOBS = 200
 
 
-@router.get("/v1/jobs/{job_id}")
-def get_job(job_id: str, rt: Rt) -> dict[str, Any]:
-    """A sync job record; a queued job not yet picked up by a worker is reported from its queued marker."""
-    return ops.get_job(rt, job_id).model_dump(mode="json")
+@job_router.get("/v1/jobs/{job_id}")
+async def get_job(job_id: str, rt: Rt, c: CallerDep) -> dict[str, Any]:
+    """A sync job record; a queued job not yet picked up by a worker is reported from its queued marker. The admin
+    sees every job; an agent key the jobs whose sources are all within its scope (the pin job a search answered
+    with 202, a sync of its sources), and 404 for any other, as for an unknown id."""
+    if c.key is None:
+        await admin_only(c, rt)
+    return await run_in_threadpool(_job_for, rt, c, job_id)  # record reads block
+
+
+def _job_for(rt: Rt, c: CallerDep, job_id: str) -> dict[str, Any]:
+    job = ops.get_job(rt, job_id)
+    if c.key is not None:  # hostile review: agents were told to poll this route for their pin jobs and got 403
+        key = agent_key_of(c, rt, "job reads")
+        sources = [rt.records.get_source(i) for i in job.source_ids]
+        if not sources or any(s is None or s.agent_name != key.agent_name
+                               or (key.context_ids and s.context_id not in key.context_ids) for s in sources):
+            raise NotFound("job not found")
+    return job.model_dump(mode="json")
 
 
 @router.get("/v1/jobs")
