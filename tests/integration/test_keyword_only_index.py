@@ -9,6 +9,7 @@ OpenSearch of ``scripts/services``.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,43 +26,53 @@ ADMIN = "kwonly-admin-" + uuid.uuid4().hex
 PROFILES = ["embedded", "distributed"]
 
 
-@pytest.fixture(params=PROFILES)
-def api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A keyword-only index holding one chunk of agent ``kwonly``, and the query app of that profile with the
-    ``local`` embedding provider configured."""
+@contextlib.contextmanager
+def _served(request: pytest.FixtureRequest, tmp_path: Path, vectors: bool, provider: str) -> Iterator[Any]:
+    """One chunk of agent ``kwonly`` in a keyword-only index (``vectors`` False) or in one holding vectors of the
+    8-dimension fake model, and a client of the query app of the request's profile with embedding ``provider``,
+    holding an agent key of ``kwonly``. Yields ``(app, client)``."""
     from scopekb.runtime import make_client
     from scopekb.stores.opensearch import OpenSearchChunkStore
     from scopekb.stores.sqlite import SqliteChunkStore
     from scopekb_query.app import create_app
+    from tests.integration.test_store_contract import DIM, MODEL
 
     profile = request.param
     run = f"kwonly-{uuid.uuid4().hex[:8]}"
     services = {name: request.getfixturevalue(name) for name in ("opensearch_url", "redis_url", "s3_config")
                 } if profile == "distributed" else {}
-    kw = profile_settings(profile, tmp_path, services, run, ADMIN)  # provider "none": keyword-only
+    kw = profile_settings(profile, tmp_path, services, run, ADMIN)  # provider "none"
+    shape: dict[str, Any] = {"dimension": DIM, "model": MODEL} if vectors else {}
     store: ChunkStore
     if profile == "embedded":
         Path(kw.data_dir).mkdir(parents=True)
-        store = SqliteChunkStore(Path(kw.data_dir) / "index.sqlite3")
+        store = SqliteChunkStore(Path(kw.data_dir) / "index.sqlite3", **shape)
     else:
-        store = OpenSearchChunkStore(make_client(kw.opensearch), alias=kw.opensearch.alias)
+        store = OpenSearchChunkStore(make_client(kw.opensearch), alias=kw.opensearch.alias, **shape)
     name = store.ensure_index()
-    assert name.endswith("-kw"), name
+    assert name.endswith("-kw") != vectors, name
     store.bulk_write([mkdoc("kwonly", "c", "src_kwonly", "lib.py", "def kwonly_marker_function():\n    return 1\n",
-                            vector=False)], refresh=True)
-    local = kw.model_copy(update={"embedding": kw.embedding.model_copy(update={"provider": "local"})})
-    app = create_app(local)
+                            vector=vectors)], refresh=True)
+    app = create_app(kw.model_copy(update={"embedding": kw.embedding.model_copy(update={"provider": provider})}))
     try:
         with TestClient(app, raise_server_exceptions=False) as client:
             made = client.post("/v1/keys", json={"agent_name": "kwonly", "context_ids": ["c"], "label": "t"},
                                headers={"Authorization": f"Bearer {ADMIN}"})
             assert made.status_code == 201, made.text
             client.headers["Authorization"] = f"Bearer {made.json()['key']}"
-            assert app.state.runtime.chunks.dimension  # the provider is configured: the process has a model
-            yield {"client": client, "profile": profile}
+            yield app, client
     finally:
         if profile == "distributed":
             make_client(kw.opensearch).indices.delete(index=f"{run}-*", ignore_unavailable=True)
+
+
+@pytest.fixture(params=PROFILES)
+def api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A keyword-only index holding one chunk of agent ``kwonly``, and the query app of that profile with the
+    ``local`` embedding provider configured."""
+    with _served(request, tmp_path, vectors=False, provider="local") as (app, client):
+        assert app.state.runtime.chunks.dimension  # the provider is configured: the process has a model
+        yield {"client": client, "profile": request.param}
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "vector"])
@@ -88,39 +99,9 @@ def no_model(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[st
     """The other way round (README newcomer): an index holding vectors, and the query app of that profile started
     without an embedding provider (a query service restarted without ``SCOPEKB_EMBEDDING__PROVIDER`` after the
     ``scopekb reindex`` that added the vectors)."""
-    from scopekb.runtime import make_client
-    from scopekb.stores.opensearch import OpenSearchChunkStore
-    from scopekb.stores.sqlite import SqliteChunkStore
-    from scopekb_query.app import create_app
-    from tests.integration.test_store_contract import DIM, MODEL
-
-    profile = request.param
-    run = f"nomodel-{uuid.uuid4().hex[:8]}"
-    services = {name: request.getfixturevalue(name) for name in ("opensearch_url", "redis_url", "s3_config")
-                } if profile == "distributed" else {}
-    kw = profile_settings(profile, tmp_path, services, run, ADMIN)  # provider "none"
-    store: ChunkStore
-    if profile == "embedded":
-        Path(kw.data_dir).mkdir(parents=True)
-        store = SqliteChunkStore(Path(kw.data_dir) / "index.sqlite3", dimension=DIM, model=MODEL)
-    else:
-        store = OpenSearchChunkStore(make_client(kw.opensearch), alias=kw.opensearch.alias, dimension=DIM,
-                                     model=MODEL)
-    store.ensure_index()
-    store.bulk_write([mkdoc("kwonly", "c", "src_kwonly", "lib.py", "def kwonly_marker_function():\n    return 1\n")],
-                     refresh=True)
-    app = create_app(kw)
-    try:
-        with TestClient(app, raise_server_exceptions=False) as client:
-            made = client.post("/v1/keys", json={"agent_name": "kwonly", "context_ids": ["c"], "label": "t"},
-                               headers={"Authorization": f"Bearer {ADMIN}"})
-            assert made.status_code == 201, made.text
-            client.headers["Authorization"] = f"Bearer {made.json()['key']}"
-            assert app.state.runtime.embedder is None
-            yield {"client": client, "profile": profile}
-    finally:
-        if profile == "distributed":
-            make_client(kw.opensearch).indices.delete(index=f"{run}-*", ignore_unavailable=True)
+    with _served(request, tmp_path, vectors=True, provider="none") as (app, client):
+        assert app.state.runtime.embedder is None
+        yield {"client": client, "profile": request.param}
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "vector"])
