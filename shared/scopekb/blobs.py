@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -66,6 +67,36 @@ def s3_http_client(pool_maxsize: int) -> urllib3.PoolManager:
         retries=urllib3.Retry(total=5, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]))
 
 
+#: Tries of :func:`ensure_bucket` when the server answers a bucket creation with ``NoSuchBucket``.
+BUCKET_CREATE_TRIES = 5
+
+
+def ensure_bucket(client: Minio, bucket: str) -> None:
+    """Create ``bucket`` when it does not exist (idempotent: one that exists, or is created meanwhile by another
+    process, is fine).
+
+    SeaweedFS answers a bucket creation that races its own metadata with ``NoSuchBucket`` ("PutBucketHandler:
+    failed to get bucket config", seen once in a CI run of the whole suite); the bucket is there a moment later.
+    So that answer is retried, up to :data:`BUCKET_CREATE_TRIES` times, 0.2-0.8 s apart, asking first whether the
+    bucket now exists.
+
+    Raises:
+        minio.error.S3Error: any other refusal, or ``NoSuchBucket`` still after the last try.
+    """
+    for attempt in range(BUCKET_CREATE_TRIES):
+        if client.bucket_exists(bucket):
+            return
+        try:
+            client.make_bucket(bucket)
+            return
+        except S3Error as e:
+            if e.code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                return
+            if e.code != "NoSuchBucket" or attempt == BUCKET_CREATE_TRIES - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
 @translating((MinioException, Urllib3Error, OSError), translate_s3)
 class S3BlobStore:
     """Blobs in an S3 bucket through the ``minio`` SDK (any S3-compatible server).
@@ -100,15 +131,10 @@ class S3BlobStore:
         self._probe.bucket_exists(self.bucket)
 
     def ensure_bucket(self) -> None:
-        """Create the bucket when missing (idempotent)."""
+        """Create the bucket when missing (idempotent; :func:`ensure_bucket`)."""
         if self._bucket_ok:
             return
-        if not self.client.bucket_exists(self.bucket):
-            try:
-                self.client.make_bucket(self.bucket)
-            except S3Error as e:
-                if e.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                    raise
+        ensure_bucket(self.client, self.bucket)
         self._bucket_ok = True
 
     def put(self, key: str, data: bytes) -> None:

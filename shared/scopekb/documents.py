@@ -30,6 +30,7 @@ from minio import Minio
 from minio.error import MinioException, S3Error
 from urllib3.exceptions import HTTPError as Urllib3Error
 
+from scopekb.blobs import ensure_bucket
 from scopekb.errors import Refused, ScopekbError, Transient, translating
 from scopekb.gitrepo import TreeEntry
 from scopekb.settings import S3Settings, Settings
@@ -298,8 +299,7 @@ class ObjectPrefix:
 
     def put(self, rel: str, data: bytes, content_type: str = "application/octet-stream") -> str:
         """Store a document under the prefix; returns its object key."""
-        if not self.client.bucket_exists(self.bucket):
-            self.client.make_bucket(self.bucket)
+        ensure_bucket(self.client, self.bucket)
         key = self.prefix + rel.lstrip("/")
         self.client.put_object(self.bucket, key, io.BytesIO(data), length=len(data), content_type=content_type)
         return key

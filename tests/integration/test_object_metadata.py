@@ -25,6 +25,7 @@ import pytest
 from fastapi.testclient import TestClient
 from minio.commonconfig import REPLACE, CopySource
 
+from scopekb.blobs import ensure_bucket
 from tests.openai_stub import OpenAIStub
 from tests.profiles import profile_settings
 
@@ -76,7 +77,7 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         s = profile_settings(profile, tmp, {**services, "s3_config": s3_config}, run, ADMIN, embedding=embedding)
     else:  # embedded with S3 settings: documents come from S3, the index is SQLite
         s = profile_settings(profile, tmp, {}, run, ADMIN, embedding=embedding, s3={**s3_config, "bucket": run})
-    s3_client.make_bucket(run)
+    ensure_bucket(s3_client, run)  # retries SeaweedFS's racing NoSuchBucket answer
     prefix = "docs/kb"
     for rel, (text, meta) in OBJECTS.items():
         data = text.encode()

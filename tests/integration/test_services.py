@@ -14,6 +14,8 @@ import uuid
 import numpy as np
 import pytest
 
+from scopekb.blobs import ensure_bucket
+
 DIM = 384
 N_DOCS = 2000
 REPOS = ("repo-a", "repo-b", "repo-c", "repo-d")
@@ -151,7 +153,7 @@ AWKWARD_KEYS = (
 @pytest.fixture
 def bucket(s3_client):
     name = f"scopekb-test-{uuid.uuid4().hex[:12]}"
-    s3_client.make_bucket(name)
+    ensure_bucket(s3_client, name)  # retries SeaweedFS's racing NoSuchBucket answer
     yield name
     for obj in s3_client.list_objects(name, recursive=True):
         s3_client.remove_object(name, obj.object_name)
