@@ -784,16 +784,12 @@ def search(query: str,
     s = get_settings()
     _check_agent(agent)
     rt = _rt()
+    embed = rt.embed_query if rt.embedder is not None else None
     # what the index supports, as the MCP tool chooses (hostile review: a process with the local model on a
     # keyword-only index refused its own default, hybrid, with exit code 1)
-    chosen = mode or best_mode(rt.chunks, rt.embed_query if rt.embedder is not None else None)
+    chosen = mode or best_mode(rt.chunks, embed)
     scope = ScopeFilter(agent, None if context is None else (context,))
-    filters: dict[str, list[str]] = {}
-    for item in meta or []:
-        k, sep, v = item.partition("=")
-        if not sep or not k:
-            raise CliError(f"--meta takes KEY=VALUE, got {one_line(item, 80)!r}")
-        filters.setdefault(k, []).append(v)
+    filters = _meta_filters(meta or [])
     try:
         req = SearchRequest(query=query, mode=chosen, max_results=max_results, context_id=context,
                             cross_context=context is None, file_patterns=file_pattern or [],
@@ -804,8 +800,7 @@ def search(query: str,
     except ValidationError as e:
         raise CliError(cli_terms(validation_message(e.errors(include_url=False)))) from None
     try:
-        resp = run_search(rt.chunks, req, scope, s.query, embed=rt.embed_query if rt.embedder is not None else None,
-                          records=rt.records)
+        resp = run_search(rt.chunks, req, scope, s.query, embed=embed, records=rt.records)
     except SearchUnavailable as e:
         raise CliError(str(e)) from None
     except CommitNotIndexed as e:  # a tree, blob or tag id says so, as REST and MCP do
@@ -823,6 +818,26 @@ def search(query: str,
         out.print(Text(render_text(resp, max_tokens, rt.counter)), soft_wrap=True)
         return
     out.print(Text(_search_header(rt, resp), style="dim"), soft_wrap=True)
+    _print_hits(resp, query)
+    if resp.notice:
+        err.print(one_line(cli_terms(resp.notice), 2000), markup=False, highlight=False)
+
+
+def _meta_filters(items: list[str]) -> dict[str, list[str]]:
+    """``--meta KEY=VALUE`` options as ``{key: [values]}``; raises :class:`CliError` for an item without ``=``."""
+    filters: dict[str, list[str]] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise CliError(f"--meta takes KEY=VALUE, got {one_line(item, 80)!r}")
+        filters.setdefault(k, []).append(v)
+    return filters
+
+
+def _print_hits(resp: Any, query: str) -> None:
+    """The hits of ``resp`` as ``scopekb search`` shows them: a head line each (path and lines, score, symbol,
+    origin, blob) and its matching lines or first lines, query words highlighted. Indexed paths, symbols and
+    content are data: control characters are shown escaped and nothing is read as markup (:mod:`scopekb.render`)."""
     words = [w for w in query.replace("_", " ").split() if len(w) > 2] + [query]
     labels = score_labels([h.score for h in resp.hits])
     for n, h in enumerate(resp.hits, 1):
@@ -850,8 +865,6 @@ def search(query: str,
         snippet = Text("\n".join("    " + ln for ln in lines))
         snippet.highlight_words(words, style="bold yellow", case_sensitive=False)
         out.print(snippet, soft_wrap=True)
-    if resp.notice:
-        err.print(one_line(cli_terms(resp.notice), 2000), markup=False, highlight=False)
 
 
 def _search_header(rt: Runtime, resp: Any) -> str:

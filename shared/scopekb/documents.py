@@ -176,7 +176,8 @@ def document_name_problem(rel: str, prefix: str = "") -> str | None:
     ``.tmp<digits>`` (the embedded folder's old partial-write names, which its listing skips)."""
     if len(rel) > MAX_DOCUMENT_NAME:
         return f"name is {len(rel)} characters; at most {MAX_DOCUMENT_NAME} are allowed"
-    key_bytes = len((prefix + rel).encode("utf-8", "surrogatepass"))
+    stored_prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""  # as ObjectPrefix and FolderPrefix keep it
+    key_bytes = len((stored_prefix + rel).encode("utf-8", "surrogatepass"))
     if key_bytes > MAX_OBJECT_KEY_BYTES:  # hostile review: 1,798 bytes in 899 characters was a 503 from S3
         return (f"name makes an object key of {key_bytes} bytes (UTF-8, with the source's prefix); at most "
                 f"{MAX_OBJECT_KEY_BYTES} are allowed")

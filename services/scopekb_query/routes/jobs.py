@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
 from scopekb import ops
+from scopekb.auth import resolve_scope
 from scopekb.errors import NotFound
 from scopekb_query.deps import ADMIN, CallerDep, Rt, admin_only, agent_key_of
 
@@ -31,10 +32,10 @@ async def get_job(job_id: str, rt: Rt, c: CallerDep) -> dict[str, Any]:
 def _job_for(rt: Rt, c: CallerDep, job_id: str) -> dict[str, Any]:
     job = ops.get_job(rt, job_id)
     if c.key is not None:  # hostile review: agents were told to poll this route for their pin jobs and got 403
-        key = agent_key_of(c, rt, "job reads")
+        scope = resolve_scope(agent_key_of(c, rt, "job reads"), None, True)  # the key's agent and contexts
         sources = [rt.records.get_source(i) for i in job.source_ids]
-        if not sources or any(s is None or s.agent_name != key.agent_name
-                               or (key.context_ids and s.context_id not in key.context_ids) for s in sources):
+        if not sources or any(s is None or s.agent_name != scope.agent_name or (
+                scope.context_ids is not None and s.context_id not in scope.context_ids) for s in sources):
             raise NotFound("job not found")
     return job.model_dump(mode="json")
 
