@@ -160,7 +160,7 @@ def _rt() -> Runtime:
     _export_notice()
     # a one-shot command reports a failed in-process sync in its own one line (`serve`, `up` and `worker` do not
     # come here and keep the line)
-    drop_events(frozenset({"sync_failed"}))
+    drop_events(frozenset({"sync_failed", "index_lost", "index_drift_repaired"}))
     return build_runtime(s, name="scopekb-cli", lazy_embedder=True)
 
 
@@ -728,6 +728,10 @@ def index(target: Annotated[str, typer.Argument(help="a folder, a local git repo
     out.print(t)
     if job.files_skipped:
         out.print("skipped: " + ", ".join(f"{k} {v}" for k, v in sorted(job.files_skipped.items())))
+    found = job.drift.get(src.id) or {}
+    if any(found.values()):  # the index had lost files (or held other versions) at an indexed commit
+        out.print("repaired the index at the indexed commit, files: "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(found.items()) if v))
     for e in job.errors[:20]:
         err.print(f"error: {e}", markup=False, highlight=False)
     if job.state.value == "failed":

@@ -198,6 +198,9 @@ class _Plan:
     rewrite: set[str] = field(default_factory=set)
     #: A ref indexed for the first time starts as a copy of this indexed ref's membership (issue 23).
     copy_from: str | None = None
+    #: The chunk store's :meth:`~scopekb.stores.base.ChunkStore.generation` this sync writes into (recorded with
+    #: the ref's commit).
+    generation: str | None = None
     #: Blob ids the index already holds for this source and scope (so the blob store has them).
     held: set[str] = field(default_factory=set)
 
@@ -479,6 +482,7 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
     one fetch; refs no longer tracked (a deleted branch, a pattern no longer matching) lose their membership.
     ``pushed``: the ref the queued job named (a webhook's pushed ref), reported when the ref cap leaves it out."""
     reader = _reader(deps, sources[0])
+    generation = deps.chunks.generation()  # a state of another generation does not say what this index holds
     try:
         reader.fetch()
         if isinstance(reader, (ObjectPrefix, FolderPrefix)):
@@ -501,7 +505,7 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
                 for reason in reader.dropped.values():  # type: ignore[union-attr]  # not-UTF-8 names
                     job.files_skipped[reason] = job.files_skipped.get(reason, 0) + 1
             group = [s for s in sources if tracked[s.id].get(ref) == target]
-            _sync_ref(deps, job, reader, group, ref, target, trees[target], progress, verify)
+            _sync_ref(deps, job, reader, group, ref, target, trees[target], progress, verify, generation)
     finally:
         reader.close()
     for src in sources:  # refs indexed before and not tracked now: their membership goes, chunks no ref uses too
@@ -621,13 +625,15 @@ def _put_ref_state(deps: SyncDeps, src: Source, ref: str, value: dict[str, Any] 
 
 
 def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPrefix, sources: list[Source],
-              ref: str, target: str, tree: dict[str, TreeEntry], progress: Progress | None, verify: bool) -> None:
+              ref: str, target: str, tree: dict[str, TreeEntry], progress: Progress | None, verify: bool,
+              generation: str | None = None) -> None:
     """Bring ``ref`` of ``sources`` to ``target``: plan against the ref's last indexed commit (or the nearest
-    indexed ref's, whose membership is copied first), read, write and advance the ref's state."""
+    indexed ref's, whose membership is copied first), read, write and advance the ref's state. ``generation``:
+    the chunk store's (:meth:`~scopekb.stores.base.ChunkStore.generation`), recorded with the commit."""
     # The ref's plan, its overlay start and its deletions read the store by search: make the writes of the refs
     # synced before it in this job visible first (OpenSearch searches see refreshed writes only).
     deps.chunks.refresh()
-    plans = [_plan(deps, reader, src, target, tree, verify, ref) for src in sources]
+    plans = [_plan(deps, reader, src, target, tree, verify, ref, generation) for src in sources]
     for plan in plans:
         job.from_commit.setdefault(plan.source.id, plan.from_commit)
     deps.records.put_job(job)
@@ -685,7 +691,8 @@ def _write_ref(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str,
             # H1): the ref advances with those paths named in its state (status shows them); each later sync
             # writes them again until they are stored.
             _put_ref_state(deps, plan.source, ref, {**plan.state, "commit": target, "indexed_at": now,
-                                                    "writing": None, "failed": bad or None})
+                                                    "writing": None, "failed": bad or None,
+                                                    "generation": plan.generation})
         elif (plan.to_index or plan.to_delete) and sid not in outcome.refused:
             # Every write was made; the failed files carry no content id (or no chunks), so the next sync retries
             # them by itself. Chunks OpenSearch refused leave the marker: the next sync re-plans all touched paths.
@@ -693,13 +700,16 @@ def _write_ref(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str,
 
 
 def _nearest_ref(deps: SyncDeps, reader: Mirror, src: Source, ref: str,
-                 target: str) -> tuple[str, str, int] | None:
-    """The indexed ref of ``src`` (clean: no sync died writing it) whose commit differs least from ``target``
-    (fewest changed paths), as ``(name, commit, changed paths)``; None when there is none."""
+                 target: str, generation: str | None = None) -> tuple[str, str, int] | None:
+    """The indexed ref of ``src`` (clean: no sync died writing it; indexed into the store's ``generation`` when
+    given) whose commit differs least from ``target`` (fewest changed paths), as ``(name, commit, changed
+    paths)``; None when there is none."""
     best: tuple[int, str, str] | None = None
     for name, st in _ref_states(deps, src).items():
         commit = st.get("commit")
         if name == ref or st.get("writing") or not commit or not reader.has_commit(commit):
+            continue
+        if _lost(st, generation):
             continue
         n = len(reader.diff(commit, target)) if commit != target else 0
         if best is None or (n, name) < best[:2]:
@@ -707,22 +717,35 @@ def _nearest_ref(deps: SyncDeps, reader: Mirror, src: Source, ref: str,
     return (best[1], best[2], best[0]) if best else None
 
 
+def _lost(state: dict[str, Any], generation: str | None) -> bool:
+    """True when a ref's sync state was written into another chunk index than the live one (``generation``): the
+    index was deleted and made again, or the SQLite file lost, so the state's commit says nothing about what the
+    index holds. States written before generations were recorded are trusted."""
+    have = state.get("generation")
+    return bool(state.get("commit")) and generation is not None and have is not None and have != generation
+
+
 def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Source, target: str,
-          tree: dict[str, TreeEntry], verify: bool = False, ref: str | None = None) -> _Plan:
+          tree: dict[str, TreeEntry], verify: bool = False, ref: str | None = None,
+          generation: str | None = None) -> _Plan:
     ref = ref or src.ref
     state = _ref_states(deps, src).get(ref, {})
     writing = state.pop("writing", None)
     retry = [p for p in state.pop("failed", None) or () if isinstance(p, str)]  # failed at the last sync
     last = state.get("commit")
-    plan = _Plan(source=src, from_commit=last, state=state)
-    if last == target and not writing and not verify and not retry:
+    plan = _Plan(source=src, from_commit=last, state=state, generation=generation)
+    lost = _lost(state, generation)
+    if lost:  # compared with the index like a verifying sync: what it lacks is written again
+        log.warning("index_lost", source_id=src.id, ref=ref, commit=last, indexed_into=state.get("generation"),
+                    live=generation)
+    if last == target and not writing and not verify and not retry and not lost:
         return plan
     git = isinstance(reader, Mirror)
-    usable = git and last and reader.has_commit(last)
+    usable = git and last and reader.has_commit(last) and not lost
     if git and not last and not writing and not verify:
         # A ref never indexed (issue 23): start from the nearest indexed ref of the source - its chunks of every
         # path the diff does not touch join this ref as they are, the diff is indexed like a push.
-        near = _nearest_ref(deps, reader, src, ref, target)  # type: ignore[arg-type]
+        near = _nearest_ref(deps, reader, src, ref, target, generation)  # type: ignore[arg-type]
         if near is not None:
             plan.copy_from, last = near[0], near[1]
             usable = True
@@ -761,10 +784,10 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
         plan.to_delete = sorted(set(indexed) - set(tree))
         plan.maybe_stale = set(indexed) & set(plan.to_index)
         plan.held = {b for b in trusted.values() if b}
-        mode = "verify" if verify else "full"
+        mode = "verify" if verify else "lost" if lost else "full"
         if verify:
             plan.rewrite = set(plan.maybe_stale)
-        if verify and last == target and not writing:
+        if (verify or lost) and last == target and not writing:
             plan.drift = {"missing": {p for p in plan.to_index if p not in indexed},
                           "changed": {p for p in plan.to_index if p in indexed}, "stale": set(plan.to_delete)}
     for p in retry:  # the files the last sync of this ref could not store are written again, whatever the diff says

@@ -13,6 +13,7 @@ index after it has been copied.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -93,6 +94,8 @@ def _reindex(target: OpenSearchChunkStore, embedder: Embedder | None, cache: Emb
                                                      encoder=target.encoder),
             "mappings": F.chunk_mapping(target.dimension, target.model, target.encoder)}
     body["settings"]["index"]["refresh_interval"] = "-1"
+    # the same chunks under the same generation: sync states recorded against the old index stay trusted
+    body["mappings"]["_meta"]["generation"] = (target.generation() if old is not None else None) or secrets.token_hex(8)
     client.indices.create(index=new, body=body)
     client.cluster.health(index=new, wait_for_status="yellow", params={"request_timeout": 35})
     report = ReindexReport(old_index=old, new_index=new)
@@ -146,6 +149,7 @@ def _rebuild_sqlite(target: SqliteChunkStore, embedder: Embedder | None, cache: 
     """
     t0 = time.monotonic()
     old_index = target.live_index() or None
+    generation = target.generation()  # kept: the rebuilt file holds the same chunks (scopekb.indexing's check)
     docs = target.stored_documents()
     embeds = embedder is not None or not target.dimension  # else: the stored vectors of the same model stay
     report = ReindexReport(old_index=old_index, new_index=target.version_name)
@@ -162,7 +166,7 @@ def _rebuild_sqlite(target: SqliteChunkStore, embedder: Embedder | None, cache: 
     second = ReindexReport(old_index=old_index, new_index=target.version_name)
     try:
         target.drop()
-        target.ensure_index()
+        target.ensure_index(generation=generation)
         for i in range(0, len(docs), batch):
             part = docs[i:i + batch]
             if embeds:

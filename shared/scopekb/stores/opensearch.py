@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -421,12 +422,16 @@ class OpenSearchChunkStore:
                         f"process wants {want!r}. "
                         + (model_mismatch_fix(meta[key], want) if key == "model" else "Run `scopekb reindex`."))
             self._migrate_refs(current)
+            if not meta.get("generation"):  # an index made before generations were recorded (_meta is replaced whole)
+                self.client.indices.put_mapping(index=current, body={"_meta": {**meta,
+                                                                               "generation": secrets.token_hex(8)}})
             return current
         name = self.version_name
         self._check_data_nodes(self.replicas)
         body = {"settings": F.chunk_index_settings(self.shards, self.replicas, knn=bool(self.dimension),
                                                          encoder=self.encoder),
                 "mappings": F.chunk_mapping(self.dimension, self.model, self.encoder)}
+        body["mappings"]["_meta"]["generation"] = secrets.token_hex(8)
         try:
             self.client.indices.create(index=name, body=body)
             log.info("chunk_index_created", index=name, dimension=self.dimension)
@@ -554,6 +559,16 @@ class OpenSearchChunkStore:
         except NotFoundError:  # the alias moved between the two requests
             return self.model if self.dimension else None
         return mapping.get("_meta", {}).get("model") or None
+
+    def generation(self) -> str | None:
+        """``_meta.generation`` of the index behind the alias: a random id :meth:`ensure_index` writes when it
+        creates the index (and adds to an index made before), which ``scopekb reindex`` carries into the index it
+        builds from this one; an index deleted and made again by the next sync has another. None when no index is
+        behind the alias. One ``_mapping`` request; raises what the client raises."""
+        res = self.client.indices.get_mapping(index=self.alias, params={"ignore": 404})
+        gens = sorted(str(v["mappings"].get("_meta", {}).get("generation") or "") for v in res.values()
+                      if isinstance(v, dict) and isinstance(v.get("mappings"), dict))
+        return ",".join(gens) if gens and all(gens) else None
 
     def health(self) -> None:
         """Raise :class:`scopekb.errors.Transient` naming the reason when the cluster cannot serve the chunk index

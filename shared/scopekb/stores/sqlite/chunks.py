@@ -183,8 +183,9 @@ class SqliteChunkStore:
         """One SQLite file holds everything: nothing to place (the same call as OpenSearch's for ``init``)."""
         return {"store": "sqlite", "status": "green"}
 
-    def ensure_index(self) -> str:
-        """Create the tables idempotently and record schema version, dimension and model on first use.
+    def ensure_index(self, generation: str | None = None) -> str:
+        """Create the tables idempotently and record schema version, dimension, model and :meth:`generation`
+        (``generation``, else a random one; a rebuild keeps the file's) on first use.
 
         Returns :attr:`version_name`.
 
@@ -202,7 +203,7 @@ class SqliteChunkStore:
                         # a random start (not 0): a process that cached this file's vectors before another process
                         # dropped and rebuilt it must not find its cached generation again (hostile pass, issue 20)
                         "vec_gen": str(secrets.randbits(48)),
-                        "encoder": self.encoder}
+                        "generation": generation or secrets.token_hex(8), "encoder": self.encoder}
                 want["refs_migrated"] = "1"
                 conn.executemany("INSERT OR REPLACE INTO scopekb_meta VALUES (?, ?)", list(want.items()))
                 log.info("chunk_index_created", index=str(self.path), dimension=self.dimension)
@@ -226,6 +227,9 @@ class SqliteChunkStore:
                     raise SqliteVersionMismatch(
                         f"SQLite index {str(self.path)!r} stores {have_enc} vectors; this process wants "
                         f"{self.encoder} (opensearch.knn_encoder). Run `scopekb reindex`.")
+                if not meta.get("generation"):  # a file made before generations were recorded
+                    conn.execute("INSERT OR IGNORE INTO scopekb_meta VALUES ('generation', ?)",
+                                 (secrets.token_hex(8),))
                 if not meta.get("refs_migrated"):  # an index made before issue 23: each chunk is on its one ref
                     conn.execute("INSERT OR IGNORE INTO chunk_refs (ref, chunk) SELECT ref, rowid FROM chunks"
                                  " WHERE ref IS NOT NULL")
@@ -291,6 +295,15 @@ class SqliteChunkStore:
         dim = meta.get("dimension")
         return self._name(meta["schema_version"], int(dim) if dim and dim.isdigit() else None,
                           meta.get("model") or None, meta.get("encoder") or "none")
+
+    def generation(self) -> str | None:
+        """The random id written into ``scopekb_meta`` when this file's tables were created (:meth:`ensure_index`;
+        a lost or replaced file, or one rebuilt by ``scopekb reindex``, has another), None before they exist."""
+        with self._db.read() as conn:
+            if not table_exists(conn, "scopekb_meta"):
+                return None
+            row = conn.execute("SELECT value FROM scopekb_meta WHERE key = 'generation'").fetchone()
+        return str(row[0]) if row and row[0] else None
 
     def index_dimension(self) -> int | None:
         """The embedding dimension the database was built with (``scopekb_meta``): what the index holds, whatever
