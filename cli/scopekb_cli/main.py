@@ -6,6 +6,7 @@ Operator commands talk to the stores named by the settings (``SCOPEKB_*``); erro
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import uuid
@@ -46,7 +47,7 @@ from scopekb.render import (
 )
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.search import SearchUnavailable, best_mode, run_search
-from scopekb.settings import get_settings
+from scopekb.settings import get_settings, is_embedded
 from scopekb.stores.base import ScopeFilter
 
 #: Help without typer's Rich panels: they print every plain flag with a value type (``--json <bool>``), as if
@@ -150,8 +151,16 @@ def _celery_logging() -> None:
         logging.getLogger(name).setLevel(logging.NOTSET)
 
 
-def _rt() -> Runtime:
+def _rt(read_only: bool = False) -> Runtime:
+    """This command's runtime (:func:`scopekb.runtime.build_runtime`). ``read_only``: a command that only reads
+    (``status``, ``search``, ``read``, the lists) refuses, in one line, an embedded data folder that does not
+    exist instead of creating it (a mistyped ``SCOPEKB_HOME`` printed "No sources yet" and left an empty index
+    there)."""
     s = get_settings()
+    if read_only and is_embedded(s) and not s.data_dir.exists():
+        where = "SCOPEKB_HOME" if os.environ.get("SCOPEKB_HOME") else "the default; SCOPEKB_HOME names another"
+        _fail(f"no scopekb data folder at {s.data_dir} ({where}): nothing is indexed there yet; "
+              "`scopekb index PATH` creates it")
     _quiet_logging()
     # The local model loads on first use (issue 19): `scopekb worker` checks the index in its parent process, whose
     # forks must not carry torch when they only sync; `status` and the like never load it; and a model that cannot
@@ -498,7 +507,7 @@ def source_add(agent: Annotated[str, typer.Option("--agent", help="agent name")]
 @source_app.command("list")
 def source_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List registered sources."""
-    srcs = _rt().records.list_sources()
+    srcs = _rt(read_only=True).records.list_sources()
     if as_json:
         out.print_json(json.dumps([x.public() for x in srcs]))
         return
@@ -531,7 +540,7 @@ def key_create(agent: Annotated[str, typer.Option("--agent")],
 def key_list() -> None:
     """List keys (never the keys themselves)."""
     t = Table("id", "agent", "contexts", "label", "revoked")
-    for k in ops.list_keys(_rt()):
+    for k in ops.list_keys(_rt(read_only=True)):
         _add_row(t, k.id, k.agent_name, ",".join(k.context_ids or ["*"]), k.label or "",
                   str(k.revoked_at or ""))
     out.print(t)
@@ -551,7 +560,7 @@ def key_revoke(key_id: str) -> None:
 def dl_list(include_replayed: bool = False) -> None:
     """Tasks parked after failing worker.max_retries times."""
     t = Table("id", "task", "attempts", "error", "created", "replayed")
-    for d in ops.list_dead_letters(_rt(), include_replayed):
+    for d in ops.list_dead_letters(_rt(read_only=True), include_replayed):
         _add_row(t, d.id, d.task, str(d.attempts), d.error[:80], str(d.created_at), str(d.replayed_at or ""))
     out.print(t)
 
@@ -787,7 +796,7 @@ def search(query: str,
 
     s = get_settings()
     _check_agent(agent)
-    rt = _rt()
+    rt = _rt(read_only=True)
     embed = rt.embed_query if rt.embedder is not None else None
     # what the index supports, as the MCP tool chooses (hostile review: a process with the local model on a
     # keyword-only index refused its own default, hybrid, with exit code 1)
@@ -1059,7 +1068,7 @@ def read(path: Annotated[str, typer.Argument(help="a search hit's path")],
                           context_id=context, cross_context=context is None)
     except ValidationError as e:
         raise CliError(cli_terms(validation_message(e.errors(include_url=False)))) from None
-    rt = _rt()
+    rt = _rt(read_only=True)
     res = ops.read(rt, ScopeFilter(agent, None if context is None else (context,)), req)
     if as_json:
         out.print_json(res.model_dump_json())
@@ -1085,7 +1094,7 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False,
     choice (``scopekb eval --tune``; ``--json``: the sources only), as ``GET /v1/sources/{id}`` reports them.
     The table fits 80 columns (source, scope, status, chunks, first ref and commit); ``--wide`` shows every
     column, ``--json`` every field."""
-    rt = _rt()
+    rt = _rt(read_only=True)
     health = rt.chunks.cluster_health()
     rows = []
     for src in rt.records.list_sources():

@@ -84,6 +84,7 @@ def test_without_git_commands_answer_or_name_git_in_one_line(tmp_path: Path, fol
     """README newcomer: with no git on PATH every command died with GitPython's 40-line ImportError. Commands that
     read no repository answer; indexing names git in one line."""
     env = {**base_env(tmp_path), "PATH": str(tmp_path / "no-bin"), "SCOPEKB_DATA_DIR": str(tmp_path / "data")}
+    (tmp_path / "data").mkdir()
     p = run(["status"], env, tmp_path)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     assert_one_line_error(run(["index", str(folder)], env, tmp_path), "git is not installed or not on PATH")
@@ -477,3 +478,15 @@ def test_an_empty_target_or_the_data_folder_is_refused_and_a_folder_holding_it_i
     assert "reading files: 1/1" in p.stderr, p.stderr  # notes.md only, none of .scopekb/
     found = run(["search", "zorblat_marker", "--mode", "exact"], env, tmp_path)
     assert "notes.md" in found.stdout, found.stdout
+
+
+def test_reading_commands_refuse_a_data_folder_that_does_not_exist_and_create_nothing(tmp_path: Path) -> None:
+    """Hostile review: with a mistyped ``SCOPEKB_HOME`` `status` printed "No sources yet" (exit 0) and left an empty
+    index, records and cache there. The commands that only read now say in one line that nothing is indexed at
+    that folder, and create nothing."""
+    env = {**base_env(tmp_path), "SCOPEKB_HOME": str(tmp_path / "typo")}
+    for args in (["status"], ["status", "--json"], ["search", "anything"], ["source", "list"], ["key", "list"],
+                 ["deadletters", "list"], ["read", "a.py", "0" * 40]):
+        assert_one_line_error(run(args, env, tmp_path), "no scopekb data folder", str(tmp_path / "typo"),
+                              "scopekb index")
+    assert not (tmp_path / "typo").exists()

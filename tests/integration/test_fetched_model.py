@@ -96,6 +96,7 @@ def test_a_named_model_not_fetched_and_unknown_names_are_one_line_errors(tmp_pat
     env = {**base_env(tmp_path), "SCOPEKB_EMBEDDING__PROVIDER": "local", "SCOPEKB_EMBEDDING__LOCAL_MODEL": NAME,
            "SCOPEKB_EMBEDDING__LOCAL_MODELS_DIR": str(tmp_path / "empty"),
            "SCOPEKB_DATA_DIR": str(tmp_path / "data")}
+    (tmp_path / "data").mkdir()  # the model's error, not the missing data folder's (`search`, `status`)
     for args in (["model", "export"], ["search", "anything", "--mode", "keyword"], ["up"]):
         p = run(args, env, tmp_path, timeout=60)
         assert_one_line_error(p, f"scopekb model fetch {NAME}", "SCOPEKB_EMBEDDING__LOCAL_MODELS_DIR")
