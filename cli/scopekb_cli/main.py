@@ -710,8 +710,8 @@ def index(target: Annotated[str, typer.Argument(help="a folder, a local git repo
 
         def progress(phase: str, done: int, total: int) -> None:
             if phase not in tasks:
-                tasks[phase] = bar.add_task({"read": "reading files", "index": "chunk + embed + write"}[phase],
-                                            total=total)
+                tasks[phase] = bar.add_task({"read": "reading files", "index": "chunk + write" if rt.embedder is None
+                                             else "chunk + embed + write"}[phase], total=total)
             bar.update(tasks[phase], completed=done, total=total)
 
         try:
