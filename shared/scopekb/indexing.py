@@ -201,6 +201,8 @@ class _Plan:
     #: The chunk store's :meth:`~scopekb.stores.base.ChunkStore.generation` this sync writes into (recorded with
     #: the ref's commit).
     generation: str | None = None
+    #: ``branch`` or ``tag`` for a ref listed by git (a search for ``refs/tags/x`` must not answer from branch x).
+    kind: str | None = None
     #: Blob ids the index already holds for this source and scope (so the blob store has them).
     held: set[str] = field(default_factory=set)
 
@@ -483,6 +485,7 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
     ``pushed``: the ref the queued job named (a webhook's pushed ref), reported when the ref cap leaves it out."""
     reader = _reader(deps, sources[0])
     generation = deps.chunks.generation()  # a state of another generation does not say what this index holds
+    kinds: dict[str, dict[str, str]] = {}  # source id -> ref -> branch/tag, recorded with the ref's commit
     try:
         reader.fetch()
         if isinstance(reader, (ObjectPrefix, FolderPrefix)):
@@ -491,7 +494,7 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
             tracked = {s.id: {s.ref: target} for s in sources}
             trees: dict[str, dict[str, TreeEntry]] = {target: tree}
         else:
-            tracked = _tracked_refs(deps, job, reader, sources, pushed)
+            tracked = _tracked_refs(deps, job, reader, sources, pushed, kinds)
             _add_pins(deps, job, reader, sources, tracked)
             trees = {}
         ref_targets = {r: c for t in tracked.values() for r, c in t.items()}
@@ -505,7 +508,7 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
                 for reason in reader.dropped.values():  # type: ignore[union-attr]  # not-UTF-8 names
                     job.files_skipped[reason] = job.files_skipped.get(reason, 0) + 1
             group = [s for s in sources if tracked[s.id].get(ref) == target]
-            _sync_ref(deps, job, reader, group, ref, target, trees[target], progress, verify, generation)
+            _sync_ref(deps, job, reader, group, ref, target, trees[target], progress, verify, generation, kinds)
     finally:
         reader.close()
     for src in sources:  # refs indexed before and not tracked now: their membership goes, chunks no ref uses too
@@ -567,14 +570,14 @@ def _add_pins(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source],
             tracked[src.id][name] = name
 
 
-def _tracked_refs(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source],
-                  pushed: str | None = None) -> dict[str, dict[str, str]]:
+def _tracked_refs(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source], pushed: str | None = None,
+                  kinds: dict[str, dict[str, str]] | None = None) -> dict[str, dict[str, str]]:
     """source id -> {ref name: commit} of the refs each source tracks now: those its patterns match
     (:func:`scopekb.refs.match_refs`) under its cap ``git.max_refs_per_source`` (:func:`scopekb.refs.cap_refs`: the
     source's ``ref`` and the refs already indexed always stay). New refs the cap leaves out are named in
     ``job.errors`` (the job ends ``partial``), the ``pushed`` ref too when it is one of them. A source tracking
     one ``ref`` that is a full commit id (no branch or tag of that name) tracks that commit (``scopekb eval``
-    indexes parent commits so).
+    indexes parent commits so). ``kinds`` (when given) gets source id → ref name → ``branch`` or ``tag``.
 
     Raises:
         SyncError: a source tracking one ``ref`` only (no ``refs`` patterns) whose branch does not exist.
@@ -583,13 +586,14 @@ def _tracked_refs(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source
     cap = deps.settings.git.max_refs_per_source
     out: dict[str, dict[str, str]] = {}
     for src in sources:
-        out[src.id], left_out = cap_refs(match_refs(src.ref_patterns, listed), src.ref, set(_ref_states(deps, src)),
-                                         cap)
+        matched = match_refs(src.ref_patterns, listed)
+        out[src.id], left_out = cap_refs(matched, src.ref, set(_ref_states(deps, src)), cap)
+        if kinds is not None:
+            kinds[src.id] = {n: "tag" if n in matched.tags else "branch" for n in out[src.id]}
         unfit = unfit_refs(src.ref_patterns, listed) if src.refs else []
         if unfit:
-            job.errors.append(f"source {src.id}: {len(unfit)} refs its refs patterns match are not indexed, their "
-                              "names are not ref names a source may track: " + ", ".join(
-                                  f"{n[:100]!r} ({why})" for n, why in unfit[:5])
+            job.errors.append(f"source {src.id}: {len(unfit)} refs its refs patterns match are not indexed: "
+                              + ", ".join(f"{n[:100]!r} ({why})" for n, why in unfit[:5])
                               + (f" and {len(unfit) - 5} more" if len(unfit) > 5 else ""))
             log.warning("refs_unfit", source_id=src.id, count=len(unfit))
         if left_out:
@@ -626,14 +630,17 @@ def _put_ref_state(deps: SyncDeps, src: Source, ref: str, value: dict[str, Any] 
 
 def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPrefix, sources: list[Source],
               ref: str, target: str, tree: dict[str, TreeEntry], progress: Progress | None, verify: bool,
-              generation: str | None = None) -> None:
+              generation: str | None = None, kinds: dict[str, dict[str, str]] | None = None) -> None:
     """Bring ``ref`` of ``sources`` to ``target``: plan against the ref's last indexed commit (or the nearest
     indexed ref's, whose membership is copied first), read, write and advance the ref's state. ``generation``:
-    the chunk store's (:meth:`~scopekb.stores.base.ChunkStore.generation`), recorded with the commit."""
+    the chunk store's (:meth:`~scopekb.stores.base.ChunkStore.generation`), and ``kinds`` (source id → ref →
+    ``branch``/``tag``; pins and object sources have none), recorded with the commit."""
     # The ref's plan, its overlay start and its deletions read the store by search: make the writes of the refs
     # synced before it in this job visible first (OpenSearch searches see refreshed writes only).
     deps.chunks.refresh()
     plans = [_plan(deps, reader, src, target, tree, verify, ref, generation) for src in sources]
+    for plan in plans:
+        plan.kind = (kinds or {}).get(plan.source.id, {}).get(ref)
     for plan in plans:
         job.from_commit.setdefault(plan.source.id, plan.from_commit)
     deps.records.put_job(job)
@@ -692,7 +699,7 @@ def _write_ref(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str,
             # writes them again until they are stored.
             _put_ref_state(deps, plan.source, ref, {**plan.state, "commit": target, "indexed_at": now,
                                                     "writing": None, "failed": bad or None,
-                                                    "generation": plan.generation})
+                                                    "generation": plan.generation, "kind": plan.kind})
         elif (plan.to_index or plan.to_delete) and sid not in outcome.refused:
             # Every write was made; the failed files carry no content id (or no chunks), so the next sync retries
             # them by itself. Chunks OpenSearch refused leave the marker: the next sync re-plans all touched paths.

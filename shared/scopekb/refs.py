@@ -3,8 +3,10 @@
 A pattern is a branch or tag name or a glob (``main``, ``release/*``, ``v*``; ``*`` matches any characters, ``/``
 included, ``?`` one). ``refs/heads/...`` asks for branches only, ``refs/tags/...`` for tags only, a bare pattern
 for both; a branch and a tag of the same short name give the branch (the membership name is the short name, as a
-hit's ``ref`` shows it). Patterns are compiled bounded (RE2, :mod:`scopekb.patterns`), never as a backtracking
-regex: they come from API callers.
+hit's ``ref`` shows it; the tag is named in the sync's errors, and a search for ``refs/tags/<name>`` is refused
+rather than answered from the branch). A branch or tag named like a full commit id is not tracked: a search's
+``ref`` of that id means the commit. Patterns are compiled bounded (RE2, :mod:`scopekb.patterns`), never as a
+backtracking regex: they come from API callers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,19 @@ from scopekb.stores.base import RecordStore, RefOverlay, ScopeFilter
 HEADS = "refs/heads/"
 TAGS = "refs/tags/"
 _HEX = re.compile(r"^[0-9a-fA-F]{7,64}$")
+#: A full SHA-1 or SHA-256 object id.
+_FULL_ID = re.compile(r"^(?:[0-9a-fA-F]{40}|[0-9a-fA-F]{64})$")
+#: Why a branch or tag the patterns match is not tracked although its name is a fit ref name.
+_LOOKS_LIKE_COMMIT = "named like a full commit id, which a search's ref means as that commit"
+_SHADOWED_TAG = "a branch of the same name is tracked under that name"
+
+
+class MatchedRefs(dict[str, str]):
+    """:func:`match_refs`' answer: short name → commit, and :attr:`tags`, the names among them that are tags."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: set[str] = set()
 
 
 def short_name(full: str) -> str:
@@ -50,24 +65,29 @@ def ref_matcher(patterns: Sequence[str]) -> Callable[[str], bool]:
     return matches
 
 
-def match_refs(patterns: Sequence[str], refs: Mapping[str, str]) -> dict[str, str]:
+def match_refs(patterns: Sequence[str], refs: Mapping[str, str]) -> MatchedRefs:
     """The refs ``patterns`` match: short name → commit, for every branch/tag in ``refs`` (full name → commit, as
-    :meth:`scopekb.gitrepo.Mirror.list_refs` gives) that one of them matches, branches before tags, each by name.
-    Uncapped: :func:`cap_refs` chooses which of them a sync tracks.
+    :meth:`scopekb.gitrepo.Mirror.list_refs` gives) that one of them matches, branches before tags, each by name;
+    the tags among them in ``.tags``. Left out (and named by :func:`unfit_refs`): names no source may track, names
+    that are full commit ids (hostile review: a pushed branch named like a commit id answered searches "at" that
+    commit with its own files), and a tag whose name a matched branch holds. Uncapped: :func:`cap_refs` chooses
+    which of them a sync tracks.
 
     Raises:
         scopekb.patterns.PatternRefused: a pattern over the source pattern limits.
     """
     matches = ref_matcher(patterns)
-    out: dict[str, str] = {}
+    out = MatchedRefs()
     for full in sorted(refs, key=lambda n: (not n.startswith(HEADS), n)):
         if not full.startswith((HEADS, TAGS)):
             continue
         name = short_name(full)
-        if name in out or ref_name_problem(name, glob=False):
+        if name in out or ref_name_problem(name, glob=False) or _FULL_ID.match(name):
             continue  # a branch of that name came first, or a name no source may track (unfit_refs)
         if matches(full):
             out[name] = refs[full]
+            if full.startswith(TAGS):
+                out.tags.add(name)
     return out
 
 
@@ -80,9 +100,12 @@ def unfit_refs(patterns: Sequence[str], refs: Mapping[str, str]) -> list[tuple[s
     out: list[tuple[str, str]] = []
     for full in sorted(refs):
         if full.startswith((HEADS, TAGS)) and matches(full):
-            problem = ref_name_problem(short_name(full), glob=False)
+            name = short_name(full)
+            problem = ref_name_problem(name, glob=False) or (_LOOKS_LIKE_COMMIT if _FULL_ID.match(name) else None)
+            if problem is None and full.startswith(TAGS) and HEADS + name in refs and matches(HEADS + name):
+                problem = _SHADOWED_TAG
             if problem:
-                out.append((short_name(full), problem))
+                out.append((("refs/tags/" + name) if problem == _SHADOWED_TAG else name, problem))
     return out
 
 
@@ -229,6 +252,9 @@ class RefIndex:
     """
 
     heads: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: source id -> ref name -> ``branch`` or ``tag`` (refs whose sync state records it; pins and older states
+    #: do not).
+    kinds: dict[str, dict[str, str]] = field(default_factory=dict)
     defaults: dict[str, str] = field(default_factory=dict)
     overlays: dict[str, dict[str, RefOverlay]] = field(default_factory=dict)
     #: Names of the temporary pinned refs (commit ids) among the loaded sources' refs.
@@ -246,6 +272,7 @@ class RefIndex:
                 continue
             heads = ref_heads(records.get("state", src.id), src)
             out.heads[src.id] = {name: str(h["commit"]) for name, h in heads.items()}
+            out.kinds[src.id] = {name: str(h["kind"]) for name, h in heads.items() if h.get("kind")}
             out.pinned.update(name for name, h in heads.items() if h.get("pinned"))
             out.defaults[src.id] = src.ref
             out.overlays[src.id] = source_overlays(records, src.id)
@@ -287,12 +314,21 @@ class RefIndex:
         id (full, or a prefix of at least 7 hex digits) that is the indexed head of such a ref; a commit that is the
         head of several refs resolves to one of them when they all point at it (:meth:`_one_commit_ref`).
 
+        ``refs/tags/<name>`` (``refs/heads/<name>``) is refused when every source holding ``<name>`` holds a branch
+        (a tag) of that name: the membership name is the short name, and a branch and a tag of one name are not
+        the same files (hostile review).
+
         Raises:
             NotFound: (404) no source of the scope has that ref indexed, and no indexed head is that commit.
             Refused: (409) the id is a prefix of the heads of several refs at different commits.
         """
         name = ref.removeprefix(HEADS).removeprefix(TAGS)
         if any(name in h for h in self.heads.values()):
+            want = "tag" if ref.startswith(TAGS) else "branch" if ref.startswith(HEADS) else None
+            have = {self.kinds.get(sid, {}).get(name) for sid, h in self.heads.items() if name in h}
+            if want is not None and want not in have and None not in have:
+                raise NotFound(f"ref {ref[:200]!r} is not indexed for this scope: {name[:200]!r} is a tracked "
+                               f"{'branch' if want == 'tag' else 'tag'} of that name, not a {want}")
             return name
         if _HEX.match(ref):
             low = ref.lower()

@@ -35,6 +35,7 @@ from scopekb import fields as F
 from scopekb.chunking import chunk_document
 from scopekb.embedding.base import EmbedResult
 from scopekb.embedding.cache import SQLiteEmbeddingCache
+from scopekb.errors import NotFound
 from scopekb.filetypes import decode_text, language_for
 from scopekb.indexing import SyncDeps, run_sync
 from scopekb.models import ReadRequest, SearchRequest, Source
@@ -452,3 +453,47 @@ def test_one_blob_at_paths_of_two_languages_is_chunked_for_each(world: dict[str,
             assert {k[1:3] for k in want if k[0] == "b.md"} != {k[1:3] for k in want if k[0] == "a.py"}
             assert got == want, (step, ref, sorted(got ^ want))
         check(world, hist, src)
+
+
+def test_a_tag_and_a_branch_of_one_name_and_a_branch_named_like_a_commit(world: dict[str, Any],
+                                                                        tmp_path_factory: Any) -> None:
+    """Hostile review: a branch and a tag of one short name collapsed into one ref, so a search of
+    ``refs/tags/v2`` answered with the branch's files; and a pushed branch named like a commit id answered searches
+    "at" that commit with its own files. The branch keeps the name, the tag is named in the job's errors and a
+    search of ``refs/tags/v2`` is a 404; a branch named like a full commit id is not tracked (a search's ref of that
+    id means the commit), and is named in the job's errors too."""
+    from scopekb.refs import CommitNotIndexed
+
+    deps: SyncDeps = world["deps"]
+    hist = History(tmp_path_factory.mktemp("hist") / "repo.git")
+    first = hist.commit("main", {"a.py": "def zzkind_first():\n    return 1\n"})
+    git(hist.path, "tag", "v2", first)
+    hist.commit("v2", {"a.py": "def zzkind_first():\n    return 1\n", "b.py": "def zzkind_branch_only():\n    pass\n"})
+    src = Source(id=Source.new_id(), agent_name="mref", context_id="kinds-" + uuid.uuid4().hex[:6],
+                 repo_url=str(hist.path), ref="main", refs=["main", "v*", "*"], webhooks=False)
+    deps.records.put_source(src)
+    job = run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
+    assert job.state.value == "partial" and set(job.ref_commits) == {"main", "v2"}, (job.state, job.ref_commits)
+    assert any("'refs/tags/v2' (a branch of the same name is tracked" in e for e in job.errors), job.errors
+    scope = ScopeFilter(src.agent_name, (src.context_id,))
+
+    def paths(ref: str) -> set[str]:
+        res = run_search(deps.chunks, SearchRequest(query="zzkind_first zzkind_branch_only", ref=ref,
+                                                    source_id=src.id, max_results=20),
+                         scope, QuerySettings(revocation_bound_s=0), records=deps.records)
+        return {h.path for h in res.hits}
+
+    assert paths("v2") == paths("refs/heads/v2") == {"a.py", "b.py"}
+    with pytest.raises(NotFound, match="tracked branch of that name, not a tag"):
+        paths("refs/tags/v2")
+
+    # A branch named like the first commit's id, at another commit: not tracked; that id means the commit.
+    git(hist.path, "update-ref", f"refs/heads/{first}", hist.head("refs/heads/v2"))
+    job = run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
+    assert first not in job.ref_commits, job.ref_commits
+    assert any(f"{first!r} (named like a full commit id" in e for e in job.errors), job.errors
+    assert paths(first[:12]) == {"a.py"}  # main's head is that commit: its files, not the branch's
+    hist.commit("main", {"a.py": "def zzkind_first():\n    return 2\n"})
+    run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
+    with pytest.raises(CommitNotIndexed):  # no indexed ref is at that commit now: a pin, never the branch
+        paths(first)

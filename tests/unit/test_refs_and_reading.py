@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scopekb.errors import NotFound, Refused
 from scopekb.filetypes import decode_text
 from scopekb.reading import split_lines
-from scopekb.refs import RefIndex, cap_refs, match_refs
+from scopekb.refs import RefIndex, cap_refs, match_refs, unfit_refs
 
 REFS = {"refs/heads/main": "a" * 40, "refs/heads/release/1.0": "b" * 40, "refs/heads/release/2.0": "c" * 40,
         "refs/heads/feature/main": "d" * 40, "refs/tags/v1.0": "e" * 40, "refs/tags/v2.0": "f" * 40,
@@ -28,6 +28,31 @@ def test_patterns_match_branches_and_tags_anchored_at_the_start() -> None:
     assert match_refs(["nothing"], REFS) == {}
     assert list(match_refs(["*"], REFS)) == ["feature/main", "main", "release/1.0", "release/2.0", "vendor",
                                              "v1.0", "v2.0"]  # branches by name, then tags (main is a branch)
+
+
+def test_a_shadowed_tag_and_refs_named_like_commit_ids_are_left_out_and_named() -> None:
+    """Hostile review: the tag of a branch's name, and a branch or tag named like a full commit id, are not tracked;
+    unfit_refs names them with the reason; the tags among the matched refs are known."""
+    refs = {**REFS, "refs/heads/" + "ab" * 20: "3" * 40, "refs/tags/" + "cd" * 32: "4" * 40}
+    matched = match_refs(["*"], refs)
+    assert "ab" * 20 not in matched and "cd" * 32 not in matched and matched["main"] == "a" * 40
+    assert matched.tags == {"v1.0", "v2.0"}
+    unfit = dict(unfit_refs(["*"], refs))
+    assert "named like a full commit id" in unfit["ab" * 20] and "named like a full commit id" in unfit["cd" * 32]
+    assert "branch of the same name" in unfit["refs/tags/main"]
+    assert "refs/tags/main" not in dict(unfit_refs(["refs/tags/*"], refs))  # the branch is not matched: the tag is
+    assert match_refs(["refs/tags/*"], refs).tags == {"main", "v1.0", "v2.0"}
+
+
+def test_a_search_of_refs_tags_is_refused_where_the_name_is_a_branch() -> None:
+    idx = RefIndex(heads={"s1": {"v2": "a" * 40, "old": "b" * 40}}, kinds={"s1": {"v2": "branch"}})
+    assert idx.resolve("v2") == "v2" and idx.resolve("refs/heads/v2") == "v2"
+    with pytest.raises(NotFound, match="tracked branch of that name, not a tag"):
+        idx.resolve("refs/tags/v2")
+    assert idx.resolve("refs/tags/old") == "old"  # a state without a kind (written before kinds): as before
+    tags = RefIndex(heads={"s1": {"v2": "a" * 40}, "s2": {"v2": "c" * 40}}, kinds={"s1": {"v2": "tag"},
+                                                                                       "s2": {"v2": "branch"}})
+    assert tags.resolve("refs/tags/v2") == "v2" and tags.resolve("refs/heads/v2") == "v2"
 
 
 def test_the_cap_keeps_the_default_ref_and_indexed_refs_then_new_ones_by_name() -> None:
