@@ -828,7 +828,8 @@ def search(query: str,
             err.print(one_line(cli_terms(resp.notice), 2000), markup=False, highlight=False)
         return
     if max_tokens is not None:  # the agents' answer, as REST format=text and the MCP search tool render it
-        out.print(Text(render_text(resp, max_tokens, rt.counter)), soft_wrap=True)
+        # escaped for the terminal as the default output is (hostile review: ESC sequences of indexed files reached it)
+        out.print(Text(terminal_text(render_text(resp, max_tokens, rt.counter))), soft_wrap=True)
         return
     out.print(Text(_search_header(rt, resp), style="dim"), soft_wrap=True)
     _print_hits(resp, query)

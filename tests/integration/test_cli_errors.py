@@ -217,6 +217,10 @@ def test_search_output_shows_indexed_control_characters_escaped(tmp_path: Path) 
     # content: control characters shown escaped; the path: a JSON string with [ ] : escaped too (render.field)
     assert "\\x1b[31mred" in p.stdout and '"a\\n\\u005b9\\u005d evil.py\\u003a1-1' in p.stdout, p.stdout
     assert not any(ln.startswith("[9]") for ln in p.stdout.splitlines())
+    # the agents' text answer printed by --max-tokens too (hostile review: it wrote the raw ESC sequences)
+    p = run(["search", "escmarker", "--max-tokens", "2000"], env, tmp_path)
+    assert p.returncode == 0 and "escmarker" in p.stdout, p.stderr
+    assert "\x1b" not in p.stdout and "\x07" not in p.stdout and "\\x1b[31mred" in p.stdout, p.stdout
 
 
 @pytest.mark.parametrize("profile", ["embedded", "distributed"])
