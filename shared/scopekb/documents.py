@@ -184,7 +184,7 @@ def document_name_problem(rel: str, prefix: str = "") -> str | None:
     longest = max((len(p.encode("utf-8", "surrogatepass")) for p in rel.split("/")), default=0)
     if longest > MAX_SEGMENT_BYTES:  # hostile review: a 300-character file name was a 500 (ENAMETOOLONG)
         return f"a part of the name between '/' is {longest} bytes (UTF-8); at most {MAX_SEGMENT_BYTES} are allowed"
-    if not rel or any(ord(c) < 32 or ord(c) == 127 for c in rel):
+    if not rel or any(unicodedata.category(c) == "Cc" for c in rel):  # C0, DEL and C1 (U+0085 ...)
         return "name must be a non-empty relative path without control characters"
     if rel != rel.strip():
         return "name must not start or end with whitespace"
