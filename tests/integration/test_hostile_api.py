@@ -227,3 +227,16 @@ def test_422_answers_never_echo_the_input(apps: dict[str, Any]) -> None:
     assert r.status_code == 422 and "9" * 50 not in r.text and len(r.content) < 1000, r.text[:300]
     r = apps["ingester"].post("/webhooks/github", content=b"x", headers={"Content-Type": "application/json"})
     assert r.status_code < 500 and len(r.content) < 1000
+
+
+def test_an_id_past_the_id_limit_is_404_on_every_route_that_takes_one(apps: dict[str, Any]) -> None:
+    """Hostile review: a 5,000-character id reached OpenSearch in the request line and came back as 400 "the search
+    backend refused the query (too_long_http_line_exception)"; no record has such an id, so it is not found."""
+    long_id = "x" * 5000
+    c = apps["a"]
+    for method, path in (("GET", f"/v1/jobs/{long_id}"), ("GET", f"/v1/sources/{long_id}"),
+                         ("DELETE", f"/v1/sources/{long_id}"), ("POST", f"/v1/sources/{long_id}/sync"),
+                         ("DELETE", f"/v1/keys/{long_id}"), ("POST", f"/v1/deadletters/{long_id}/replay")):
+        r = c.request(method, path, headers=_admin())
+        assert r.status_code == 404, (method, path[:30], r.status_code, r.text[:200])
+        assert "search backend" not in r.text

@@ -39,6 +39,11 @@ _DATE_FIELDS = {"created_at", "started_at", "finished_at", "indexed_at", "revoke
 _WRITE_PARAMS = {"timeout": "10s", "request_timeout": 15}
 
 
+#: OpenSearch's limit on a document ``_id``, in UTF-8 bytes (``IndexRequest``: "id ... is too long, must be no
+#: longer than 512 bytes").
+MAX_ID_BYTES = 512
+
+
 @explained
 class OpenSearchRecordStore(RecordStore):
     """Records in OpenSearch system indices ``<prefix>-<kind>``."""
@@ -78,7 +83,11 @@ class OpenSearchRecordStore(RecordStore):
                           refresh="wait_for" if wait else "false", params=_WRITE_PARAMS)
 
     def get(self, kind: str, rec_id: str) -> dict[str, Any] | None:
-        """A record by id, or None."""
+        """A record by id, or None (also for an id longer than OpenSearch's ``_id`` limit, :data:`MAX_ID_BYTES`:
+        no record has one, and a request line past 4 KB was refused as ``too_long_http_line_exception``, which
+        a route then reported as a refused search - hostile review)."""
+        if len(rec_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+            return None
         self.ensure(kind)
         try:
             return dict(self.client.get(index=self.index_name(kind), id=rec_id)["_source"])
@@ -111,7 +120,9 @@ class OpenSearchRecordStore(RecordStore):
         raise Transient(f"record {kind}/{rec_id[:64]} kept changing under 50 writes in a row; try again")
 
     def delete(self, kind: str, rec_id: str) -> bool:
-        """Delete a record; True when it existed."""
+        """Delete a record; True when it existed (never for an id past :data:`MAX_ID_BYTES`)."""
+        if len(rec_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+            return False
         self.ensure(kind)
         try:
             self.client.delete(index=self.index_name(kind), id=rec_id, refresh="wait_for", params=_WRITE_PARAMS)
