@@ -392,3 +392,36 @@ def test_s3_down_is_503_for_uploads_and_reads_and_reported_by_readiness(
                           headers=key).status_code == 200
     finally:
         up_app.state.runtime.opensearch_client.indices.delete(index=f"{run}-*", ignore_unavailable=True)
+
+
+def test_the_console_shows_bidi_and_control_characters_of_indexed_names_as_escapes(api: dict[str, Any],
+                                                                                  tmp_path: Path) -> None:
+    """Hostile review: a file named ``U+202E exe.txt.py`` showed in the console as ``2–1:yp.txt.exe`` (the override
+    reversed the name and its line range); content, symbols and refs the same. Every value the templates print
+    and every highlighted line show such characters as visible escapes; HTML escaping is unchanged."""
+    import re as _re
+
+    from scopekb.indexing import run_sync
+
+    repo = tmp_path / "bidi"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "\u202eexe.txt.py").write_text("def bidimarker_fn():\n    return '\u202eevil\u2066 <b>x</b>'\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    c = api["client"]
+    src = c.post("/v1/sources", json={"agent_name": "prof", "context_id": "bidi", "repo_url": str(repo),
+                                      "ref": "main"}).json()
+    job = run_sync(api["rt"].sync_deps(), "bidi-" + uuid.uuid4().hex[:8], [src["id"]], trigger="manual")
+    assert job.state.value == "done", job.errors
+    api["rt"].chunks.refresh()
+    login = c.get("/console/login")
+    token = _re.search(r'name="csrf" value="([^"]+)"', login.text).group(1)
+    assert c.post("/console/login", data={"token": ADMIN, "csrf": token}, follow_redirects=False).status_code == 303
+    page = c.get("/console/search", params={"q": "bidimarker_fn", "agent": "prof", "context": "bidi",
+                                            "mode": "keyword"})
+    assert page.status_code == 200 and "bidimarker" in page.text, page.text[:500]
+    for raw in ("\u202e", "\u2066"):
+        assert raw not in page.text
+    assert "\\u202eexe.txt.py" in page.text and "\\u202eevil\\u2066" in page.text
+    assert "&lt;b&gt;x&lt;/b&gt;" in page.text and "<b>x</b>" not in page.text

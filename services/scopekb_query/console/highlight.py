@@ -1,6 +1,8 @@
 """Hit content as numbered lines with the query's terms marked, HTML-escaped piece by piece.
 
-Indexed text is untrusted (DESIGN §13): every piece of it goes through :func:`markupsafe.escape`; only the
+Indexed text is untrusted (DESIGN §13): every piece of it goes through :func:`markupsafe.escape`, after its
+control, format (bidi overrides, U+202E ...) and separator characters are written as visible escapes
+(:func:`scopekb.render.terminal_text`: a right-to-left override reversed what followed it on the page); only the
 ``<mark>`` elements added here are markup. The pattern is a literal alternation of at most
 :data:`MAX_TERMS` escaped terms of the operator's own query, so matching is linear in the content.
 """
@@ -11,6 +13,8 @@ import re
 from dataclasses import dataclass
 
 from markupsafe import Markup, escape
+
+from scopekb.render import terminal_text
 
 MAX_TERMS = 20
 MAX_TERM_CHARS = 100
@@ -39,7 +43,8 @@ def highlight(content: str, start_line: int, query: str) -> list[Line]:
     terms = query_terms(query)
     pattern = re.compile("|".join(re.escape(t) for t in terms), re.IGNORECASE) if terms else None
     out = []
-    for i, text in enumerate(content.split("\n")):
+    for i, raw in enumerate(content.split("\n")):
+        text = terminal_text(raw)
         if pattern is None:
             out.append(Line(start_line + i, Markup(escape(text)), False))
             continue

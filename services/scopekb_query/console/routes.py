@@ -17,13 +17,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from pydantic import ValidationError
 
 from scopekb.auth import ApiKey, AuthError, resolve_scope, tokens_equal
 from scopekb.errors import Refused
 from scopekb.logging import get_logger
 from scopekb.models import LOCAL_PATH_LIMIT, Job, SearchRequest, Source, SourceCreate
-from scopekb.render import validation_message, why_line
+from scopekb.render import terminal_text, validation_message, why_line
 from scopekb.runtime import Runtime
 from scopekb.search import SearchUnavailable, run_search
 from scopekb.status import source_status
@@ -78,6 +79,14 @@ class Viewer:
         return src.agent_name == self.key.agent_name and (allowed is None or src.context_id in allowed)
 
 
+def _visible(value: Any) -> Any:
+    """The console templates' ``finalize``: text with :func:`scopekb.render.terminal_text`'s escapes, markup and
+    other values as they are."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return terminal_text(value)
+    return value
+
+
 class Console:
     """The console's state and handlers; :meth:`router` returns them as an :class:`APIRouter`."""
 
@@ -89,6 +98,10 @@ class Console:
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
         # a hit's reasons as the text answer words them (a HitReason is no JSON for ``tojson``; autoescaped)
         self.templates.env.filters["why_line"] = why_line
+        # every value a template prints shows control, bidi (U+202E ...) and separator characters as visible escapes
+        # before autoescaping (hostile review: a file name starting with U+202E showed reversed, its line range
+        # too); markup built here (highlighted lines) escapes its own pieces the same way
+        self.templates.env.finalize = _visible
 
     # ---- plumbing ----------------------------------------------------------------------------------------
 
