@@ -406,9 +406,9 @@ def _add_read(server: MCPServer, rt: Runtime, key_of: KeyOf) -> None:
         head = (f"{field(res.path)}:{res.start_line}-{res.end_line} of {res.total_lines} lines, blob "
                 f"{field(res.blob_sha[:12])}, {field(res.repo or '?')}@{field(res.ref or '?')} commit "
                 f"{field((res.commit or '?')[:12])}")
-        body = res.content if res.content is not None else res.content_base64 or ""
-        if res.content is None:
-            head += " (not UTF-8: base64 of the bytes)"
+        body = res.content if res.content is not None else res.text if res.text is not None else ""
+        if res.content is None:  # REST `format=raw` (or content_base64) gives the exact bytes
+            head += f" (decoded from {field(res.encoding)}; the REST read with format=raw gives the exact bytes)"
         nonce = fence_nonce([head, body])
         return f"{head}\n{FENCE_OPEN.format(nonce=nonce)}\n{body}\n{FENCE_CLOSE.format(nonce=nonce)}"
 

@@ -581,7 +581,8 @@ class ReadResult(BaseModel):
     """Exactly the bytes of lines ``start_line..end_line`` of a blob, with where they come from.
 
     Lines end as in the blob (LF, CRLF or CR, the last one possibly without an end). ``content`` holds them when
-    they are valid UTF-8 (then ``content.encode("utf-8")`` is the bytes), else ``content_base64`` does.
+    the blob is UTF-8 (then ``content.encode("utf-8")`` is the bytes), else ``content_base64`` does, and ``text``
+    holds them decoded from the blob's ``encoding`` (as the index decoded them for the hits).
     """
 
     repo: str | None = None
@@ -595,6 +596,10 @@ class ReadResult(BaseModel):
     total_lines: int = Field(description="lines in the whole blob")
     content: str | None = None
     content_base64: str | None = None
+    text: str | None = Field(default=None, description="the lines decoded from the blob's encoding, when the blob "
+                             "is not UTF-8 (content is then null and content_base64 holds the exact bytes)")
+    encoding: str = Field(default="utf-8", description="the encoding the blob was indexed in (utf-8, utf-16-le, "
+                          "windows-1252, ...)")
     agent_name: str
     context_id: str
 

@@ -106,18 +106,41 @@ def read_lines(chunks: ChunkStore, blobs: BlobStore, scope: ScopeFilter, req: Re
         raise Refused(f"start_line {req.start_line} is past the blob's last line ({total} lines)", 422)
     end = min(req.end_line or total, total)
     raw = b"".join(lines[req.start_line - 1:end])
-    try:
-        content, b64 = raw.decode("utf-8"), None
-    except UnicodeDecodeError:
-        content, b64 = None, base64.b64encode(raw).decode("ascii")
+    content, b64, text, encoding = _contents(data, raw, req.start_line)
     return ReadResult(repo=doc.get(F.REPO), ref=named_ref, commit=commit,
                       source_id=doc.get(F.SOURCE_ID), blob_sha=req.blob_sha, path=req.path,
                       start_line=req.start_line, end_line=end, total_lines=total, content=content,
-                      content_base64=b64, agent_name=str(doc.get(F.AGENT_NAME)), context_id=str(doc.get(F.CONTEXT_ID)))
+                      content_base64=b64, text=text, encoding=encoding, agent_name=str(doc.get(F.AGENT_NAME)),
+                      context_id=str(doc.get(F.CONTEXT_ID)))
+
+
+def _contents(data: bytes, raw: bytes, start_line: int) -> tuple[str | None, str | None, str | None, str]:
+    """``(content, content_base64, text, encoding)`` of the lines ``raw`` of blob ``data``: the exact bytes as
+    UTF-8 text when the blob is UTF-8, else as base64 with ``text``, the lines decoded in the encoding the blob was
+    indexed in (:func:`scopekb.filetypes.sniff_encoding`, as :func:`scopekb.filetypes.decode_text` decodes it;
+    hostile review: UTF-16 lines came back as UTF-8 text full of NULs and Latin-1 ones as base64 only, while the
+    hits that pointed at them showed the decoded text)."""
+    enc = sniff_encoding(data) or "latin-1"
+    if enc in ("utf-8", "utf-8-sig"):
+        try:
+            return raw.decode("utf-8"), None, None, "utf-8"
+        except UnicodeDecodeError:  # not UTF-8 after all past the sniffed part
+            return None, base64.b64encode(raw).decode("ascii"), raw.decode("utf-8", errors="replace"), "utf-8"
+    if enc == "utf-16":
+        bom = data[:2]
+        enc = "utf-16-le" if bom == codecs.BOM_UTF16_LE else "utf-16-be"
+        if start_line == 1 and raw.startswith(bom):
+            raw_text = raw[2:]
+        else:
+            raw_text = raw
+    else:
+        raw_text = raw
+    return None, base64.b64encode(raw).decode("ascii"), raw_text.decode(enc, errors="replace"), enc
 
 
 def result_bytes(res: ReadResult) -> bytes:
-    """The exact bytes a :class:`ReadResult` carries (``content`` as UTF-8, or ``content_base64`` decoded)."""
+    """The exact bytes a :class:`ReadResult` carries (``content`` as UTF-8, or ``content_base64`` decoded; never
+    ``text``, which is decoded)."""
     if res.content is not None:
         return res.content.encode("utf-8")
     return base64.b64decode(res.content_base64 or "")

@@ -103,6 +103,19 @@ def test_every_hit_reads_back_byte_exact(api: dict[str, Any]) -> None:  # noqa: 
     body = c.get("/v1/read", params={"path": "latin1.txt", "blob_sha": lat, "end_line": 1}, headers=mine).json()
     assert body["content"] is None
     assert base64.b64decode(body["content_base64"]) == FILES["latin1.txt"].split(b"\n")[0] + b"\n"
+    # ... and as the text the hit showed, decoded from the blob's encoding (hostile review: base64 only, and
+    # UTF-16 lines as UTF-8 text full of NULs)
+    assert body["text"] == "readmarker_latin caf\u00e9 na\u00efve \u00e0 la carte\n", body
+    assert body["encoding"] not in ("utf-8", "utf-16-le")
+    u16 = git(repo, "rev-parse", "HEAD:utf16.txt").strip()
+    for start, want in ((1, "readmarker_utf16 line one\r\n"), (2, "line two\r\n")):
+        body = c.get("/v1/read", params={"path": "utf16.txt", "blob_sha": u16, "start_line": start,
+                                         "end_line": start}, headers=mine).json()
+        assert body["content"] is None and body["encoding"] == "utf-16-le", body
+        assert body["text"] == want and "\x00" not in body["text"], body
+        assert base64.b64decode(body["content_base64"]) == _blob_lines(repo, "utf16.txt")[start - 1]
+    utf8 = c.get("/v1/read", params={"path": "crlf.py", "blob_sha": sha, "end_line": 1}, headers=mine).json()
+    assert utf8["text"] is None and utf8["encoding"] == "utf-8" and utf8["content"] is not None
 
 
 def test_read_refuses_what_the_scope_never_indexed(api: dict[str, Any]) -> None:  # noqa: F811
@@ -161,6 +174,10 @@ def test_mcp_read_tool_fences_the_exact_lines(api: dict[str, Any]) -> None:  # n
     assert lines[1].startswith("<<<chunk-") and lines[-1].startswith("chunk-") and lines[-1].endswith(">>>")
     assert lines[2:-1] == ["last line without newline"]
     assert f"blob {sha}" in anyio.run(call, {"query": "readmarker_nofinal"}, "search")
+    # a UTF-16 file: the decoded lines in the fence (hostile review: base64, or UTF-8 text full of NULs)
+    u16 = git(repo, "rev-parse", "HEAD:utf16.txt").strip()
+    text = anyio.run(call, {"path": "utf16.txt", "blob_sha": u16, "start_line": 2})
+    assert "decoded from utf-16-le" in text.split("\n")[0] and "line two" in text and "\x00" not in text, text
     try:
         anyio.run(call, {"path": "nofinal.md", "blob_sha": "0" * 40})
         raise AssertionError("an unknown blob must be a tool error")
