@@ -261,6 +261,9 @@ def run_sync(deps: SyncDeps, job_id: str, source_ids: list[str], *, trigger: str
     if any(s.repo_url != repo_url for s in sources):
         raise SyncError("one sync covers one repository; split the sources")
     prev = deps.records.get_job(job_id)
+    if (prev is not None and prev.trigger == "pin" and prev.state == JobState.failed and prev.finished_at
+            and not attempt):
+        return prev  # its pin was refused by an earlier sync of the source (_add_pins): the record says why
     job = Job(id=job_id, trigger=prev.trigger if prev else trigger, created_at=prev.created_at if prev else utcnow(),
               source_ids=[s.id for s in sources], repo=sources[0].repo_name or repo_url, ref=ref,
               state=JobState.running, started_at=utcnow(), retries=dict(prev.retries) if prev else {})
@@ -384,12 +387,14 @@ def _drop_removed_sources(deps: SyncDeps, job: Job, sources: list[Source]) -> li
 
 
 def _settle(deps: SyncDeps, job: Job, **logged: Any) -> Job:
-    """End ``job``: stage done, state ``partial`` when it has errors else ``done``, finish time now; write the record
+    """End ``job``: stage done, state ``failed`` when its own pin was refused, else ``partial`` when it has errors,
+    else ``done``, finish time now; write the record
     and log ``sync_finished`` with its counts plus ``logged`` (the one ending of a sync, inline or after its
     embedding stage)."""
     job.stage = JobStage.done
     job.finished_at = utcnow()
-    job.state = JobState.partial if job.errors else JobState.done
+    # failed only when its own pin was refused (_add_pins); else partial with errors, done without
+    job.state = JobState.failed if job.state == JobState.failed else JobState.partial if job.errors else JobState.done
     deps.records.put_job(job)
     log.info("sync_finished", job_id=job.id, state=job.state.value, to_commit=job.to_commit,
              files_indexed=job.files_indexed, chunks_written=job.chunks_written, **logged)
@@ -563,11 +568,30 @@ def _add_pins(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source],
                     why = (f"pinning {name} changes {near[2]} files from {near[0]}, more than "
                            f"git.max_pin_files={deps.settings.git.max_pin_files}")
             if why:
-                job.errors.append(why)
+                pin_job = st.get("job_id")
+                if pin_job and pin_job != job.id:  # another pin's job, queued behind this sync: its record says why
+                    _fail_pin_job(deps, str(pin_job), why)
+                else:
+                    job.errors.append(why)
+                    if pin_job == job.id:  # this job was sent for that pin: it failed, whatever else it synced
+                        job.state = JobState.failed
                 _put_ref_state(deps, src, name, None)
                 log.warning("pin_refused", source_id=src.id, commit=name, reason=why)
                 continue
             tracked[src.id][name] = name
+
+
+def _fail_pin_job(deps: SyncDeps, job_id: str, why: str) -> None:
+    """Record on a pin's own job (not yet run: the repository lock holds it behind the sync that refused the pin)
+    that its pin was refused and why, as ``failed``; :func:`run_sync` then ends that job at once (hostile review:
+    with several pins at once, a refused pin's error went to whichever job ran, and its own job said ``done``)."""
+    rec = deps.records.get_job(job_id)
+    if rec is None or rec.finished_at is not None:
+        return
+    rec.state, rec.stage, rec.finished_at = JobState.failed, JobStage.done, utcnow()
+    rec.errors.append(why)
+    deps.records.put_job(rec)
+    log.warning("pin_job_failed", job_id=job_id, reason=why)
 
 
 def _tracked_refs(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source], pushed: str | None = None,

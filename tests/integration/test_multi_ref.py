@@ -497,3 +497,43 @@ def test_a_tag_and_a_branch_of_one_name_and_a_branch_named_like_a_commit(world: 
     run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test")
     with pytest.raises(CommitNotIndexed):  # no indexed ref is at that commit now: a pin, never the branch
         paths(first)
+
+
+def test_a_refused_pin_fails_its_own_job_whichever_sync_refuses_it(world: dict[str, Any],
+                                                                   tmp_path_factory: Any) -> None:
+    """Hostile review: with several pins at once (a query replica without mirrors accepts any commit id), the sync
+    that ran first refused every bogus pin and filed their errors under its own job; each refused pin's own job
+    later found nothing to do and said ``done``. Now the refused pin's job is failed with the reason, and that job
+    ends at once when its turn comes; a pin job whose own pin is refused is failed, not partial."""
+    from scopekb.models import Job, JobState
+    from scopekb.refs import pin_ref_state
+
+    deps: SyncDeps = world["deps"]
+    hist = History(tmp_path_factory.mktemp("hist") / "repo.git")
+    first = hist.commit("main", {"a.py": "def zzpin_first():\n    return 1\n"})
+    hist.commit("main", {"a.py": "def zzpin_first():\n    return 2\n"})
+    src = Source(id=Source.new_id(), agent_name="mref", context_id="pins-" + uuid.uuid4().hex[:6],
+                 repo_url=str(hist.path), ref="main", webhooks=False)
+    deps.records.put_source(src)
+    assert run_sync(deps, f"mref-{uuid.uuid4().hex[:8]}", [src.id], trigger="test").state.value == "done"
+    bogus, good_job, bogus_job = "b" * 40, f"pin-good-{uuid.uuid4().hex[:6]}", f"pin-bogus-{uuid.uuid4().hex[:6]}"
+    for commit, job_id in ((first, good_job), (bogus, bogus_job)):  # as ops.pin_commit writes them
+        pin_ref_state(deps.records, src, commit, {"pinned": True, "pinned_at": "2026-12-07T00:00:00+00:00",
+                                                  "expires_at": "2999-01-01T00:00:00+00:00", "job_id": job_id}, 10)
+        deps.records.put_job(Job(id=job_id, trigger="pin", source_ids=[src.id], ref=commit,
+                                 state=JobState.queued))
+    good = run_sync(deps, good_job, [src.id], trigger="pin")
+    assert good.state.value == "done" and good.errors == [] and first in good.ref_commits, (good.state, good.errors)
+    refused = deps.records.get_job(bogus_job)
+    assert refused is not None and refused.state.value == "failed", refused
+    assert any(f"commit {bogus} is not in the repository" in e for e in refused.errors), refused.errors
+    again = run_sync(deps, bogus_job, [src.id], trigger="pin")  # its own turn: ends at once, still failed
+    assert again.state.value == "failed" and again.errors == refused.errors
+
+    # one bogus pin alone: its own job is failed, not partial
+    lone = f"pin-lone-{uuid.uuid4().hex[:6]}"
+    pin_ref_state(deps.records, src, "c" * 40, {"pinned": True, "pinned_at": "2026-12-07T00:00:00+00:00",
+                                                "expires_at": "2999-01-01T00:00:00+00:00", "job_id": lone}, 10)
+    deps.records.put_job(Job(id=lone, trigger="pin", source_ids=[src.id], ref="c" * 40, state=JobState.queued))
+    alone = run_sync(deps, lone, [src.id], trigger="pin")
+    assert alone.state.value == "failed" and any("is not in the repository" in e for e in alone.errors), alone
