@@ -296,8 +296,8 @@ def _add_search(server: MCPServer, rt: Runtime, key_of: KeyOf, embed: QueryEmbed
         max_tokens: Annotated[int, Field(ge=MIN_ANSWER_TOKENS, le=MAX_ANSWER_TOKENS, description=(
             "Token budget of the whole answer: results are kept best first, the last one cut at a line "
             "boundary, the rest named as omitted"))] = cfg.mcp_max_tokens,
-        min_score: Annotated[float, Field(ge=0.0, le=1.0, description="Drop hits scoring below this "
-                                          "(scores are in [0, 1])")] = 0.0,
+        min_score: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False, description="Drop hits scoring "
+                                          "below this (scores are in [0, 1])")] = 0.0,
         context_id: Annotated[str | None, Field(description="Search only this one of the key's contexts; "
                                                 "omitted: every context the key may see")] = None,
         cross_context: Annotated[bool, Field(description="With context_id: search every context the key may see "

@@ -187,7 +187,8 @@ def test_mcp_read_tool_fences_the_exact_lines(api: dict[str, Any]) -> None:  # n
     for tool, args, word in (("read", {"path": "nofinal.md", "blob_sha": sha, "start_line": -1}, "start_line"),
                              ("read", {"path": "nofinal.md", "blob_sha": sha, "start_line": 3, "end_line": 2},
                               "end_line must not be before start_line"),
-                             ("search", {"query": "x", "metadata": {"a": {"b": [1]}}}, "metadata")):
+                             ("search", {"query": "x", "metadata": {"a": {"b": [1]}}}, "metadata"),
+                             ("search", {"query": "x", "min_score": float("nan")}, "finite number")):
         try:
             anyio.run(call, args, tool)
             raise AssertionError(f"{args} must be a tool error")
