@@ -78,7 +78,8 @@ class KeyCreate(BaseModel):
     def _contexts(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and not v:  # hostile review 5: [] was stored as null, a key for every context
             raise ValueError("context_ids must name at least one context, or be null for all of the agent's contexts")
-        return None if v is None else [Scope(agent_name="x", context_id=c).context_id for c in v]
+        # each once, in the order given (hostile review: ["a", "a"] made a one-context key ask for cross_context)
+        return None if v is None else list(dict.fromkeys(Scope(agent_name="x", context_id=c).context_id for c in v))
 
 
 #: Names git gives to special refs, never a branch or tag to track (``git check-ref-format --branch`` refuses them).

@@ -97,6 +97,13 @@ def test_scope_resolution_never_leaves_the_agent() -> None:
     assert scope_clauses(s)[0] == {"term": {"agent_name": "Agent"}}
 
 
+def test_a_key_names_each_context_once() -> None:
+    """Hostile review: context_ids ["refs", "refs"] made a one-context key whose searches needed cross_context."""
+    from scopekb.models import KeyCreate
+
+    assert KeyCreate(agent_name="a", context_ids=["refs", "refs", "b", "refs"]).context_ids == ["refs", "b"]
+
+
 def test_keys_are_random_and_hashed() -> None:
     k1, h1 = new_key()
     k2, _ = new_key()
