@@ -1129,7 +1129,9 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False,
             _add_row(t, r["source"], r["scope"], str(r["repo"]), r["status"], refs, str(r["documents"]),
                      str(r["chunks"]), r["ranking"])
             continue
-        first = r["refs"][0] if r["refs"] else {"ref": r["ref"], "commit": None, "behind": False}
+        # the source's own ref first (hostile review: the first by name, e.g. `feature/x`, stood for the source)
+        first = next((x for x in r["refs"] if x["ref"] == r["ref"]), None) or (
+            r["refs"][0] if r["refs"] else {"ref": r["ref"], "commit": None, "behind": False})
         behind = sum(1 for x in r["refs"] if x["behind"])
         ref = f"{first['ref']} {(first['commit'] or '-')[:12]}" + (
             f" +{len(r['refs']) - 1} refs" if len(r["refs"]) > 1 else "") + (f", {behind} behind" if behind else "")
