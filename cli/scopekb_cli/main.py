@@ -6,7 +6,6 @@ Operator commands talk to the stores named by the settings (``SCOPEKB_*``); erro
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import uuid
@@ -47,7 +46,7 @@ from scopekb.render import (
 )
 from scopekb.runtime import Runtime, build_runtime
 from scopekb.search import SearchUnavailable, best_mode, run_search
-from scopekb.settings import get_settings, is_embedded
+from scopekb.settings import get_settings
 from scopekb.stores.base import ScopeFilter
 
 #: Help without typer's Rich panels: they print every plain flag with a value type (``--json <bool>``), as if
@@ -157,10 +156,6 @@ def _rt(read_only: bool = False) -> Runtime:
     exist instead of creating it (a mistyped ``SCOPEKB_HOME`` printed "No sources yet" and left an empty index
     there)."""
     s = get_settings()
-    if read_only and is_embedded(s) and not s.data_dir.exists():
-        where = "SCOPEKB_HOME" if os.environ.get("SCOPEKB_HOME") else "the default; SCOPEKB_HOME names another"
-        _fail(f"no scopekb data folder at {s.data_dir} ({where}): nothing is indexed there yet; "
-              "`scopekb index PATH` creates it")
     _quiet_logging()
     # The local model loads on first use (issue 19): `scopekb worker` checks the index in its parent process, whose
     # forks must not carry torch when they only sync; `status` and the like never load it; and a model that cannot
@@ -170,7 +165,7 @@ def _rt(read_only: bool = False) -> Runtime:
     # a one-shot command reports a failed in-process sync in its own one line (`serve`, `up` and `worker` do not
     # come here and keep the line)
     drop_events(frozenset({"sync_failed", "index_lost", "index_drift_repaired"}))
-    return build_runtime(s, name="scopekb-cli", lazy_embedder=True)
+    return build_runtime(s, name="scopekb-cli", lazy_embedder=True, read_only=read_only)
 
 
 def _export_notice() -> None:

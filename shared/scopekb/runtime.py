@@ -13,6 +13,7 @@ Redis). Everything else receives a runtime and uses its interfaces:
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from scopekb.chunking import TokenCounter, counter_for_model
 from scopekb.coordination import Coordination
 from scopekb.documents import FolderPrefix, ObjectPrefix, document_prefix
 from scopekb.embedding import Embedder, EmbeddingCache, make_embedder, make_embedding_cache
-from scopekb.errors import Refused, Transient
+from scopekb.errors import NotFound, Refused, Transient
 from scopekb.indexing import SyncDeps, embed_part
 from scopekb.logging import get_logger
 from scopekb.queue import TASK_SYNC_SOURCES, make_celery, plain_kwargs_repr
@@ -409,7 +410,8 @@ def pool_size(settings: Settings) -> int:
 
 
 def build_runtime(settings: Settings, with_embedder: bool = True, interactive: bool = False,
-                  standalone: bool = False, name: str = "scopekb", lazy_embedder: bool = False) -> Runtime:
+                  standalone: bool = False, name: str = "scopekb", lazy_embedder: bool = False,
+                  read_only: bool = False) -> Runtime:
     """Clients for OpenSearch (chunks + records), S3, Redis, the Celery producer and the embedder - or, in the
     embedded profile, SQLite stores and a blob folder under ``data_dir`` and in-memory coordination. The chunk
     index is versioned by the embedder's model and dimension (see :func:`scopekb.fields.index_version_name`).
@@ -422,10 +424,20 @@ def build_runtime(settings: Settings, with_embedder: bool = True, interactive: b
         name: the Celery producer's name.
         lazy_embedder: the local model is loaded on its first use only (a worker of a sync queue whose chunks
             embedding workers embed, issue 19: it never imports torch); other providers are built as usual.
+        read_only: a command that only reads (``status``, ``search``, ``read``, the lists): in the embedded profile
+            a data folder that does not exist is refused instead of created (a mistyped ``SCOPEKB_HOME`` printed
+            "No sources yet" and left an empty index there).
 
     Embedded runtimes are shared per process and data dir, and always carry the embedder.
+
+    Raises:
+        NotFound: ``read_only`` and the embedded profile's data folder does not exist.
     """
     if is_embedded(settings):
+        if read_only and not settings.data_dir.exists():
+            where = "SCOPEKB_HOME" if os.environ.get("SCOPEKB_HOME") else "the default; SCOPEKB_HOME names another"
+            raise NotFound(f"no scopekb data folder at {settings.data_dir} ({where}): nothing is indexed there yet; "
+                           "`scopekb index PATH` creates it")
         rt = build_embedded_runtime(settings, lazy_embedder=lazy_embedder)
         return dataclasses.replace(rt, tasks=InProcessTasks(rt)) if standalone else rt
     client = make_client(settings.opensearch, interactive=interactive, pool_maxsize=pool_size(settings))
