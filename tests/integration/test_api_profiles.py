@@ -28,11 +28,11 @@ def _settings(profile: str, tmp: Path, services: dict[str, Any], run: str) -> Se
     return profile_settings(profile, tmp, services, run, ADMIN)
 
 
-def one_file_repo(repo: Path, lib_py: str) -> Path:
-    """A new git repository at ``repo`` whose branch ``main`` has one commit holding ``lib.py``."""
+def one_file_repo(repo: Path, lib_py: str, name: str = "lib.py") -> Path:
+    """A new git repository at ``repo`` whose branch ``main`` has one commit holding ``name`` (text ``lib_py``)."""
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
-    (repo / "lib.py").write_text(lib_py)
+    (repo / name).write_text(lib_py)
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "one")
     return repo
@@ -403,12 +403,8 @@ def test_the_console_shows_bidi_and_control_characters_of_indexed_names_as_escap
 
     from scopekb.indexing import run_sync
 
-    repo = tmp_path / "bidi"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    (repo / "\u202eexe.txt.py").write_text("def bidimarker_fn():\n    return '\u202eevil\u2066 <b>x</b>'\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "one")
+    repo = one_file_repo(tmp_path / "bidi", "def bidimarker_fn():\n    return '\u202eevil\u2066 <b>x</b>'\n",
+                         "\u202eexe.txt.py")
     c = api["client"]
     src = c.post("/v1/sources", json={"agent_name": "prof", "context_id": "bidi", "repo_url": str(repo),
                                       "ref": "main"}).json()

@@ -11,8 +11,6 @@ again, like a verifying sync, and the job reports what it found missing (``job.d
 
 from __future__ import annotations
 
-import os
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,20 +24,7 @@ from scopekb.indexing import SyncDeps, run_sync
 from scopekb.models import Source
 from scopekb.settings import Settings
 from scopekb.stores.base import ScopeFilter, SearchFilter
-
-GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_NOSYSTEM": "1"}
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          env=GIT_ENV).stdout.decode().strip()
-
-
-def commit(repo: Path) -> str:
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "c")
-    return git(repo, "rev-parse", "HEAD")
+from tests.integration.test_stable_ids import commit, git
 
 
 class Profile:
