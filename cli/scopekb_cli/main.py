@@ -151,10 +151,9 @@ def _celery_logging() -> None:
 
 
 def _rt(read_only: bool = False) -> Runtime:
-    """This command's runtime (:func:`scopekb.runtime.build_runtime`). ``read_only``: a command that only reads
-    (``status``, ``search``, ``read``, the lists) refuses, in one line, an embedded data folder that does not
-    exist instead of creating it (a mistyped ``SCOPEKB_HOME`` printed "No sources yet" and left an empty index
-    there)."""
+    """This command's runtime (:func:`scopekb.runtime.build_runtime`). ``read_only``: a command that reads what is
+    indexed (``search``, ``read``) refuses, in one line, an embedded data folder that does not exist instead of
+    creating it and answering "No results" (a mistyped ``SCOPEKB_HOME``); ``status`` says when it created one."""
     s = get_settings()
     _quiet_logging()
     # The local model loads on first use (issue 19): `scopekb worker` checks the index in its parent process, whose
@@ -502,7 +501,7 @@ def source_add(agent: Annotated[str, typer.Option("--agent", help="agent name")]
 @source_app.command("list")
 def source_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List registered sources."""
-    srcs = _rt(read_only=True).records.list_sources()
+    srcs = _rt().records.list_sources()
     if as_json:
         out.print_json(json.dumps([x.public() for x in srcs]))
         return
@@ -535,7 +534,7 @@ def key_create(agent: Annotated[str, typer.Option("--agent")],
 def key_list() -> None:
     """List keys (never the keys themselves)."""
     t = Table("id", "agent", "contexts", "label", "revoked")
-    for k in ops.list_keys(_rt(read_only=True)):
+    for k in ops.list_keys(_rt()):
         _add_row(t, k.id, k.agent_name, ",".join(k.context_ids or ["*"]), k.label or "",
                   str(k.revoked_at or ""))
     out.print(t)
@@ -555,7 +554,7 @@ def key_revoke(key_id: str) -> None:
 def dl_list(include_replayed: bool = False) -> None:
     """Tasks parked after failing worker.max_retries times."""
     t = Table("id", "task", "attempts", "error", "created", "replayed")
-    for d in ops.list_dead_letters(_rt(read_only=True), include_replayed):
+    for d in ops.list_dead_letters(_rt(), include_replayed):
         _add_row(t, d.id, d.task, str(d.attempts), d.error[:80], str(d.created_at), str(d.replayed_at or ""))
     out.print(t)
 
@@ -1090,7 +1089,11 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False,
     choice (``scopekb eval --tune``; ``--json``: the sources only), as ``GET /v1/sources/{id}`` reports them.
     The table fits 80 columns (source, scope, status, chunks, first ref and commit); ``--wide`` shows every
     column, ``--json`` every field."""
-    rt = _rt(read_only=True)
+    existed = get_settings().data_dir.exists()
+    rt = _rt()
+    if not existed and get_settings().data_dir.exists():  # made just now by the embedded runtime
+        err.print(f"note: the data folder {one_line(get_settings().data_dir)} did not exist and was created empty "
+                  "(is SCOPEKB_HOME what you meant?)", markup=False, highlight=False)
     health = rt.chunks.cluster_health()
     rows = []
     for src in rt.records.list_sources():

