@@ -569,9 +569,9 @@ def _add_pins(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source],
                            f"git.max_pin_files={deps.settings.git.max_pin_files}")
             if why:
                 pin_job = st.get("job_id")
-                if pin_job and pin_job != job.id:  # another pin's job, queued behind this sync: its record says why
-                    _fail_pin_job(deps, str(pin_job), why)
-                else:
+                # another pin's job, queued behind this sync: its record says why (a pin indexed before whose commit
+                # is gone now has a finished job: this job says it)
+                if not (pin_job and pin_job != job.id and _fail_pin_job(deps, str(pin_job), why)):
                     job.errors.append(why)
                     if pin_job == job.id:  # this job was sent for that pin: it failed, whatever else it synced
                         job.state = JobState.failed
@@ -581,17 +581,19 @@ def _add_pins(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source],
             tracked[src.id][name] = name
 
 
-def _fail_pin_job(deps: SyncDeps, job_id: str, why: str) -> None:
+def _fail_pin_job(deps: SyncDeps, job_id: str, why: str) -> bool:
     """Record on a pin's own job (not yet run: the repository lock holds it behind the sync that refused the pin)
     that its pin was refused and why, as ``failed``; :func:`run_sync` then ends that job at once (hostile review:
-    with several pins at once, a refused pin's error went to whichever job ran, and its own job said ``done``)."""
+    with several pins at once, a refused pin's error went to whichever job ran, and its own job said ``done``).
+    False when that job has no record or has finished already."""
     rec = deps.records.get_job(job_id)
     if rec is None or rec.finished_at is not None:
-        return
+        return False
     rec.state, rec.stage, rec.finished_at = JobState.failed, JobStage.done, utcnow()
     rec.errors.append(why)
     deps.records.put_job(rec)
     log.warning("pin_job_failed", job_id=job_id, reason=why)
+    return True
 
 
 def _tracked_refs(deps: SyncDeps, job: Job, reader: Mirror, sources: list[Source], pushed: str | None = None,
