@@ -80,6 +80,20 @@ def test_check_fails_on_a_broken_deterministic_outcome(mid: str, value: float, b
     assert len(problems) == 1 and mid in problems[0] and "outcome broken" in problems[0], problems
 
 
+def test_check_takes_a_quality_set_scoring_zero_on_keyword_but_no_other_zero_baseline() -> None:
+    """A clean-clone CI run failed --check on "non-finite metric sets.history.keyword.ndcg10: 0.0 / 0.0": keyword
+    found none of the quick profile's 3 history queries, so the ratio to keyword was 0 / 0. The figures are
+    finite; any other metric with a zero baseline still fails."""
+    res = _results()
+    hist = next((m for m in main.EXPECTED if m.startswith("sets.")), "sets.history.keyword.ndcg10")
+    res.add("quality sets", hist, hist, 0.0, 0.0, "score", "keyword on the same queries")
+    assert main.check(res) == []
+    other = next(m for m in main.EXPECTED if m.startswith("ingest."))
+    res.add("ingest", other, other, 5.0, 0.0, "u", "b")
+    problems = main.check(res)
+    assert len(problems) == 1 and other in problems[0] and "non-finite" in problems[0], problems
+
+
 def test_check_never_looks_at_speed() -> None:
     slow = {m: (1.0, 1e9) for m in main.EXPECTED if m.startswith(("ingest.", "query.", "webhook.", "git."))}
     assert main.check(_results(**slow)) == []
