@@ -667,7 +667,6 @@ def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPr
     plans = [_plan(deps, reader, src, target, tree, verify, ref, generation) for src in sources]
     for plan in plans:
         plan.kind = (kinds or {}).get(plan.source.id, {}).get(ref)
-    for plan in plans:
         job.from_commit.setdefault(plan.source.id, plan.from_commit)
     deps.records.put_job(job)
     wanted = sorted({p for plan in plans for p in plan.to_index})

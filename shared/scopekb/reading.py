@@ -33,25 +33,31 @@ _LINE_END_BYTES = re.compile(rb"\r\n|\r|\n")
 NOT_FOUND = "blob not found in this scope (path and blob_sha as a search hit names them)"
 
 
-def split_lines(data: bytes) -> list[bytes]:
+def split_lines(data: bytes, enc: str | None = "") -> list[bytes]:
     """The lines of a text blob as bytes, each with its own line end (the last one may have none).
 
     ``b"".join(split_lines(data)) == data``. Line ``n`` (1-based) is the ``n``-th element of
     ``decode_text(data).split("\\n")``: ASCII-compatible encodings (UTF-8, Latin-1, Windows-125x, Shift_JIS,
     GB18030, ...) are split on their line-end bytes; UTF-16 (by BOM) is split on decoded line ends and each line
     encoded back (the BOM stays on line 1). An empty blob, or one ending with a line end, has a last empty line,
-    as ``str.split`` gives.
+    as ``str.split`` gives. ``enc``: the blob's :func:`~scopekb.filetypes.sniff_encoding` when the caller has it
+    (``""``: sniffed here).
     """
-    enc = sniff_encoding(data)
+    enc = sniff_encoding(data) if enc == "" else enc
     if enc == "utf-16":
         bom = data[:2]
-        codec = "utf-16-le" if bom == codecs.BOM_UTF16_LE else "utf-16-be"
+        codec = _utf16_codec(bom)
         text = data[2:].decode(codec, errors="surrogatepass")
         pieces = _split_keep(text, _LINE_END)
         out = [p.encode(codec, errors="surrogatepass") for p in pieces]
         out[0] = bom + out[0]
         return out
     return _split_keep(data, _LINE_END_BYTES)
+
+
+def _utf16_codec(bom: bytes) -> str:
+    """The codec of a UTF-16 blob by its byte order mark (little or big endian)."""
+    return "utf-16-le" if bom == codecs.BOM_UTF16_LE else "utf-16-be"
 
 
 def _split_keep(data: str | bytes, pattern: re.Pattern) -> list:  # type: ignore[type-arg]
@@ -98,7 +104,8 @@ def read_lines(chunks: ChunkStore, blobs: BlobStore, scope: ScopeFilter, req: Re
         data = blobs.get(blob_key(req.blob_sha))
     except BlobNotFound:
         raise NotFound("blob no longer in the blob store; sync the source again") from None
-    lines = split_lines(data)
+    enc = sniff_encoding(data)  # once: charset-normalizer reads the whole blob for a legacy encoding
+    lines = split_lines(data, enc)
     if len(lines) > 1 and not lines[-1]:
         lines.pop()  # a final line end ends the last line; it starts none (`wc -l`, and what hits name)
     total = len(lines)
@@ -106,7 +113,7 @@ def read_lines(chunks: ChunkStore, blobs: BlobStore, scope: ScopeFilter, req: Re
         raise Refused(f"start_line {req.start_line} is past the blob's last line ({total} lines)", 422)
     end = min(req.end_line or total, total)
     raw = b"".join(lines[req.start_line - 1:end])
-    content, b64, text, encoding = _contents(data, raw, req.start_line)
+    content, b64, text, encoding = _contents(data[:2], enc, raw, req.start_line)
     return ReadResult(repo=doc.get(F.REPO), ref=named_ref, commit=commit,
                       source_id=doc.get(F.SOURCE_ID), blob_sha=req.blob_sha, path=req.path,
                       start_line=req.start_line, end_line=end, total_lines=total, content=content,
@@ -114,27 +121,25 @@ def read_lines(chunks: ChunkStore, blobs: BlobStore, scope: ScopeFilter, req: Re
                       context_id=str(doc.get(F.CONTEXT_ID)))
 
 
-def _contents(data: bytes, raw: bytes, start_line: int) -> tuple[str | None, str | None, str | None, str]:
-    """``(content, content_base64, text, encoding)`` of the lines ``raw`` of blob ``data``: the exact bytes as
-    UTF-8 text when the blob is UTF-8, else as base64 with ``text``, the lines decoded in the encoding the blob was
-    indexed in (:func:`scopekb.filetypes.sniff_encoding`, as :func:`scopekb.filetypes.decode_text` decodes it;
+def _contents(head: bytes, enc: str | None, raw: bytes,
+              start_line: int) -> tuple[str | None, str | None, str | None, str]:
+    """``(content, content_base64, text, encoding)`` of the lines ``raw`` of a blob starting with ``head`` (its
+    first two bytes) whose :func:`scopekb.filetypes.sniff_encoding` is ``enc``: the exact bytes as UTF-8 text when
+    the blob is UTF-8, else as base64 with ``text``, the lines decoded in the encoding the blob was indexed in (as
+    :func:`scopekb.filetypes.decode_text` decodes it, Latin-1 when none was named;
     hostile review: UTF-16 lines came back as UTF-8 text full of NULs and Latin-1 ones as base64 only, while the
     hits that pointed at them showed the decoded text)."""
-    enc = sniff_encoding(data) or "latin-1"
+    enc = enc or "latin-1"
     if enc in ("utf-8", "utf-8-sig"):
         try:
             return raw.decode("utf-8"), None, None, "utf-8"
         except UnicodeDecodeError:  # not UTF-8 after all past the sniffed part
             return None, base64.b64encode(raw).decode("ascii"), raw.decode("utf-8", errors="replace"), "utf-8"
+    raw_text = raw
     if enc == "utf-16":
-        bom = data[:2]
-        enc = "utf-16-le" if bom == codecs.BOM_UTF16_LE else "utf-16-be"
-        if start_line == 1 and raw.startswith(bom):
-            raw_text = raw[2:]
-        else:
-            raw_text = raw
-    else:
-        raw_text = raw
+        enc = _utf16_codec(head)
+        if start_line == 1 and raw.startswith(head):
+            raw_text = raw[2:]  # the byte order mark
     return None, base64.b64encode(raw).decode("ascii"), raw_text.decode(enc, errors="replace"), enc
 
 

@@ -105,7 +105,7 @@ def unfit_refs(patterns: Sequence[str], refs: Mapping[str, str]) -> list[tuple[s
             if problem is None and full.startswith(TAGS) and HEADS + name in refs and matches(HEADS + name):
                 problem = _SHADOWED_TAG
             if problem:
-                out.append((("refs/tags/" + name) if problem == _SHADOWED_TAG else name, problem))
+                out.append((TAGS + name if problem == _SHADOWED_TAG else name, problem))
     return out
 
 

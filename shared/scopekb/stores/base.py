@@ -237,10 +237,10 @@ class ChunkStore(Protocol):
 
     def generation(self) -> str | None:
         """An id of the live index that changes whenever the index is made anew (deleted and created again, a
-        lost ``index.sqlite3``, a rebuild by ``scopekb reindex``), or None when no index exists. A sync records it
-        in each ref's state; a ref whose state names another generation is compared with the index again, since
-        its commit says nothing about what this index holds (:func:`scopekb.indexing.run_sync`).
-        A rebuild by ``scopekb reindex`` keeps it (the same chunks). OpenSearch: ``_meta.generation`` of the index
+        lost or replaced ``index.sqlite3``), or None when no index exists; a rebuild by ``scopekb reindex`` keeps
+        it (the same chunks). A sync records it in each ref's state; a ref whose state names another generation is
+        compared with the index again, since its commit says nothing about what this index holds
+        (:func:`scopekb.indexing.run_sync`). OpenSearch: ``_meta.generation`` of the index
         behind the alias (one request); SQLite: a random id in the file's ``scopekb_meta``, both written when the
         index is created."""
         ...

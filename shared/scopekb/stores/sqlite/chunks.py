@@ -298,7 +298,7 @@ class SqliteChunkStore:
 
     def generation(self) -> str | None:
         """The random id written into ``scopekb_meta`` when this file's tables were created (:meth:`ensure_index`;
-        a lost or replaced file, or one rebuilt by ``scopekb reindex``, has another), None before they exist."""
+        a lost or replaced file has another, one rebuilt by ``scopekb reindex`` keeps it), None before they exist."""
         with self._db.read() as conn:
             if not table_exists(conn, "scopekb_meta"):
                 return None
