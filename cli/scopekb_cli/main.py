@@ -909,7 +909,8 @@ def score_labels(scores: list[float]) -> list[str]:
 #: ``scopekb search``/``read`` flag that sets each, so a CLI user reads the flag to change (README newcomer run).
 CLI_FLAGS = {"max_results": "--max-results", "file_patterns": "--file", "languages": "--language",
              "source_id": "--source", "context_id": "--context", "case_sensitive": "--case-sensitive",
-             "symbol_match 'exact'": "no --prefix", "symbol_match": "--prefix", "kinds": "--kind",
+             "symbol_match 'exact'": "no --prefix", "symbol_match 'prefix'": "--prefix",
+             "symbol_match": "--prefix", "kinds": "--kind",
              "metadata": "--meta", "max_tokens": "--max-tokens", "group_by": "--group-by",
              "agent_name": "--agent", "start_line": "--start", "end_line": "--end", "blob_sha": "BLOB_SHA"}
 _CLI_FLAG_RE = re.compile(r"(?<![\w.-])(" + "|".join(re.escape(k) for k in sorted(CLI_FLAGS, key=len, reverse=True))

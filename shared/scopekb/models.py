@@ -335,6 +335,15 @@ MAX_QUERY_TERMS = 256
 MAX_METADATA_KEYS, MAX_METADATA_VALUES, MAX_METADATA_CHARS = 16, 32, 256
 
 
+def ref_given(ref: str | None, omit: str) -> str | None:
+    """``ref`` unchanged, or ValueError when it is empty or only whitespace (``omit`` says what leaving it out
+    does). A request's ``ref`` is either absent or names something: an empty one meant "every ref" in one place
+    and was refused in another."""
+    if ref is not None and not ref.strip():
+        raise ValueError(f"ref must not be empty; {omit}")
+    return ref
+
+
 class SearchRequest(BaseModel):
     """A search (REST and MCP share it). The scope's agent comes from the credential, never from here.
 
@@ -397,6 +406,12 @@ class SearchRequest(BaseModel):
     def _context(cls, v: str | None) -> str | None:
         return None if v is None else check_scope_part(v, "context_id")
 
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, v: str | None) -> str | None:
+        # "" searched every ref over REST while `read` refused it (hostile review)
+        return ref_given(v, "omit it to search every indexed ref")
+
     @field_validator("kinds")
     @classmethod
     def _kinds(cls, v: list[str]) -> list[str]:
@@ -432,8 +447,17 @@ class SearchRequest(BaseModel):
                              "line break")
         if self.mode == SearchMode.symbol and (len(self.query) > 512 or any(c.isspace() for c in self.query)):
             raise ValueError("symbol search takes one name or dotted path (no spaces, at most 512 characters)")
+        # a field the chosen mode cannot honour is named, not ignored (hostile review: `--mode exact --prefix`
+        # searched without the prefix rule the caller asked for)
         if self.kinds and self.mode != SearchMode.symbol:
             raise ValueError("kinds applies to mode 'symbol' only")
+        if self.symbol_match == "prefix" and self.mode != SearchMode.symbol:
+            raise ValueError("symbol_match 'prefix' applies to mode 'symbol' only")
+        if self.fusion == "rrf" and self.mode != SearchMode.hybrid:
+            raise ValueError("fusion 'rrf' applies to mode 'hybrid' only")
+        if self.case_sensitive and self.mode not in LINE_MODES and self.mode != SearchMode.symbol:
+            raise ValueError(f"case_sensitive applies to modes exact, regex and symbol; {self.mode.value} search "
+                             "ignores case")
         return self
 
     def effective_case_sensitive(self) -> bool:
@@ -553,7 +577,7 @@ class ReadRequest(BaseModel):
     start_line: int = Field(default=1, ge=1)
     end_line: int | None = Field(default=None, ge=1)
     repo: str | None = Field(default=None, max_length=1000)
-    ref: str | None = Field(default=None, min_length=1, max_length=256,
+    ref: str | None = Field(default=None, max_length=256,
                             description="only the blob as this branch, tag or indexed head commit holds it; it is "
                                         "the ref the answer names")
     context_id: str | None = None
@@ -563,6 +587,11 @@ class ReadRequest(BaseModel):
     @classmethod
     def _context(cls, v: str | None) -> str | None:
         return None if v is None else check_scope_part(v, "context_id")
+
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, v: str | None) -> str | None:
+        return ref_given(v, "omit it to read the blob as any indexed ref holds it")
 
     @field_validator("blob_sha")
     @classmethod

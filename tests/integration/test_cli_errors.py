@@ -71,6 +71,10 @@ def test_embedded_bad_inputs_are_one_line_errors(tmp_path: Path, folder: Path) -
         (["deadletters", "replay"], "dead letter"),
         (["search", "x", "--file", "*" * 5000], ""),
         (["search", "   "], "query"),
+        # a flag the mode cannot honour is named, not ignored (hostile review, stop 41)
+        (["search", "x", "--mode", "exact", "--prefix"], "--prefix applies to mode 'symbol' only"),
+        (["search", "x", "--mode", "keyword", "--case-sensitive"], "keyword search ignores case"),
+        (["search", "x", "--ref", ""], "ref must not be empty"),
         (["serve", "nothing"], "unknown service"),
         (["mcp"], "agent key is required"),
         (["source", "add", "--agent", "a", "--context", "c", "--repo", "ext::sh -c id"], ""),

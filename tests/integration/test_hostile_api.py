@@ -240,3 +240,37 @@ def test_an_id_past_the_id_limit_is_404_on_every_route_that_takes_one(apps: dict
         r = c.request(method, path, headers=_admin())
         assert r.status_code == 404, (method, path[:30], r.status_code, r.text[:200])
         assert "search backend" not in r.text
+
+
+def test_fields_a_mode_cannot_honour_an_empty_ref_and_a_non_json_body_are_refused_naming_why(
+        apps: dict[str, Any]) -> None:
+    """Hostile review (LOW, stop 41): ``symbol_match: prefix`` outside symbol mode was ignored (``--mode exact
+    --prefix`` searched without the prefix rule), ``"ref": ""`` searched every ref over REST while ``read`` refused
+    it, and a JSON body sent as ``text/plain`` got "Input should be a valid dictionary". Now each is refused naming
+    the reason, on REST and MCP alike; the same requests without the offending field are answered."""
+    key = apps["a"].post("/v1/keys", json={"agent_name": "modes", "context_ids": ["c"]}, headers=_admin()).json()
+    auth = {"Authorization": f"Bearer {key['key']}"}
+    refused = [({"query": "x", "mode": "exact", "symbol_match": "prefix"}, "symbol_match 'prefix' applies"),
+               ({"query": "x", "mode": "keyword", "fusion": "rrf"}, "fusion 'rrf' applies"),
+               ({"query": "x", "mode": "keyword", "case_sensitive": True}, "keyword search ignores case"),
+               ({"query": "x", "ref": ""}, "ref must not be empty"),
+               ({"query": "x", "ref": "  "}, "ref must not be empty")]
+    for body, why in refused:
+        r = apps["a"].post("/v1/search", json=body, headers=auth)
+        assert r.status_code == 422 and why in r.text, (body, r.text)
+        if "fusion" not in body:  # the MCP tool has no fusion argument (REST only)
+            res = _mcp(apps["a"], key["key"], "search", body)
+            assert res["isError"] and why in res["content"][0]["text"], (body, res)
+    for body in ({"query": "x", "mode": "symbol", "symbol_match": "prefix"}, {"query": "x", "mode": "keyword",
+                                                                               "case_sensitive": False},
+                 {"query": "x", "mode": "exact", "case_sensitive": True}):
+        assert apps["a"].post("/v1/search", json=body, headers=auth).status_code == 200, body
+    r = apps["a"].get("/v1/read", params={"path": "a.py", "blob_sha": "0" * 40, "ref": " "}, headers=auth)
+    assert r.status_code == 422 and "ref must not be empty" in r.text, r.text
+    r = apps["a"].post("/v1/search", content=b'{"query": "x"}', headers={**auth, "Content-Type": "text/plain"})
+    assert r.status_code == 415 and "Content-Type: application/json" in r.text and "text/plain" in r.text, r.text
+    r = apps["a"].post("/v1/keys", content=b'{"agent_name": "x"}', headers={
+        **_admin(), "Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 415 and "application/json" in r.text, r.text
+    r = apps["a"].post("/v1/search", content=b'{"query": "x"}', headers={**auth, "Content-Type": "application/json"})
+    assert r.status_code == 200, r.text

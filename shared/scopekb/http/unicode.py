@@ -116,14 +116,30 @@ class SafeJSONResponse(JSONResponse):
                           separators=(",", ":")).encode("utf-8", "backslashreplace")
 
 
-async def safe_validation_response(_: Request, exc: RequestValidationError) -> JSONResponse:
+def _json_content_type(ctype: str) -> bool:
+    """Whether FastAPI parses a body of this ``Content-Type`` as JSON (``application/json``, ``*/*+json``)."""
+    main = ctype.split(";")[0].strip().lower()
+    return main == "application/json" or (main.startswith("application/") and main.endswith("+json"))
+
+
+async def safe_validation_response(request: Request, exc: RequestValidationError) -> JSONResponse:
     """FastAPI's 422 answer as ``{"detail": [{"type", "loc", "msg"}]}``: what was wrong and where, never the
     input. FastAPI's own answer echoes each error's ``input`` (the whole body for a missing field) and ``ctx``,
     so a hostile 1 MiB body came back as 1.4 MiB (hostile review 6); here neither is echoed, ``loc`` and ``msg``
     are made :func:`printable` (100 and 300 characters) and at most :data:`MAX_VALIDATION_ERRORS` errors are
     listed, then one ``{"type": "too_many_errors", "loc": [], "msg": "<N> more errors not shown"}``. Register it
-    with ``app.add_exception_handler(RequestValidationError, safe_validation_response)``."""
+    with ``app.add_exception_handler(RequestValidationError, safe_validation_response)``.
+
+    A JSON body sent with another ``Content-Type`` (``text/plain``, a form type) reaches the route unparsed and
+    fails as a whole; that is answered 415 with one error naming the content type to send (FastAPI's own message,
+    "Input should be a valid dictionary", did not say why)."""
     found = exc.errors()
+    ctype = request.headers.get("content-type")
+    if ctype and not _json_content_type(ctype) and any(tuple(e.get("loc", ())) == ("body",) for e in found):
+        return SafeJSONResponse({"detail": [{
+            "type": "unsupported_media_type", "loc": ["header", "content-type"],
+            "msg": f"send the body as JSON with Content-Type: application/json (got {printable(ctype, 100)!r})"}]},
+            status_code=415)
     errors: list[dict[str, Any]] = [
         {"type": printable(e.get("type"), 100), "loc": [printable(x, 100) for x in list(e.get("loc", ()))[:10]],
          "msg": printable(e.get("msg"), 300)} for e in found[:MAX_VALIDATION_ERRORS]]
