@@ -394,13 +394,6 @@ class SearchRequest(BaseModel):
                     f"model's tokenizer, best first, cutting chunks at line boundaries and saying what was cut "
                     f"({MIN_ANSWER_TOKENS}..{MAX_ANSWER_TOKENS}; none: no budget)")
 
-    @field_validator("query")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("query must not be blank")
-        return v
-
     @field_validator("context_id")
     @classmethod
     def _context(cls, v: str | None) -> str | None:
@@ -440,6 +433,10 @@ class SearchRequest(BaseModel):
     def _mode_fields(self) -> SearchRequest:
         # BM25/kNN only: OpenSearch refuses more than 1,024 clauses across the boosted fields; exact and regex match
         # the query as one literal or pattern (hostile review 2, H8), bounded by max_length and query.regex_*.
+        # a literal or pattern of whitespace is a grep-like question (lines holding a tab); ranked and symbol
+        # searches have no term in it (hostile review: exact mode refused a tab as blank)
+        if self.mode not in LINE_MODES and not self.query.strip():
+            raise ValueError("query must not be blank")
         if self.mode not in LINE_MODES and self.mode != SearchMode.symbol and len(self.query.split()) > MAX_QUERY_TERMS:
             raise ValueError(f"query has more than {MAX_QUERY_TERMS} terms (modes keyword, vector, hybrid)")
         if self.mode in LINE_MODES and ("\n" in self.query or "\r" in self.query):

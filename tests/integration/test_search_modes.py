@@ -317,7 +317,8 @@ def test_metacharacters_inline_flags_and_anchors(indexed: dict[str, Any]) -> Non
     repo, paths = indexed["repo"], indexed["paths"]
     assert "odd.txt" in paths
     for needle in ["\\x00", "L\\x00\"", "a*b", "q?r", "[x]", '"dq"', "'sq'", "back\\slash", "end\\", "k\\s",
-                   "\\*star", "\\?", "**??", "n\\*s"]:
+                   "\\*star", "\\?", "**??", "n\\*s",
+                   "\t", "\t\t"]:  # whitespace alone is a literal like any other (Go's sources indent with tabs)
         want = _git_grep(repo, paths, "-F", pattern=needle)
         got = _found(_search(indexed, query=needle, mode=SearchMode.exact))
         assert got == want and want, (needle, sorted(want), sorted(got))
