@@ -13,7 +13,16 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from scopekb.fields import metadata_text
 from scopekb.patterns import SOURCE_LIMITS, PatternRefused, compile_globs
@@ -352,8 +361,9 @@ class SearchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    query: str = Field(min_length=1, max_length=4096)
+    # mode first: the query's check reads it (a blank query is a literal in exact/regex, refused elsewhere)
     mode: SearchMode = SearchMode.keyword
+    query: str = Field(min_length=1, max_length=4096)
     fusion: Literal["weighted", "rrf"] = Field(
         default="weighted", description="hybrid only: min-max 0.3/0.7 weighted sum, or Reciprocal Rank Fusion")
     max_results: int = Field(default=5, ge=1)
@@ -399,6 +409,15 @@ class SearchRequest(BaseModel):
     def _context(cls, v: str | None) -> str | None:
         return None if v is None else check_scope_part(v, "context_id")
 
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, v: str, info: ValidationInfo) -> str:
+        # a literal or pattern of whitespace is a grep-like question (lines holding a tab); ranked and symbol
+        # searches have no term in it (hostile review: exact mode refused a tab as blank)
+        if not v.strip() and info.data.get("mode") not in LINE_MODES:
+            raise ValueError("query must not be blank")
+        return v
+
     @field_validator("ref")
     @classmethod
     def _ref(cls, v: str | None) -> str | None:
@@ -433,10 +452,6 @@ class SearchRequest(BaseModel):
     def _mode_fields(self) -> SearchRequest:
         # BM25/kNN only: OpenSearch refuses more than 1,024 clauses across the boosted fields; exact and regex match
         # the query as one literal or pattern (hostile review 2, H8), bounded by max_length and query.regex_*.
-        # a literal or pattern of whitespace is a grep-like question (lines holding a tab); ranked and symbol
-        # searches have no term in it (hostile review: exact mode refused a tab as blank)
-        if self.mode not in LINE_MODES and not self.query.strip():
-            raise ValueError("query must not be blank")
         if self.mode not in LINE_MODES and self.mode != SearchMode.symbol and len(self.query.split()) > MAX_QUERY_TERMS:
             raise ValueError(f"query has more than {MAX_QUERY_TERMS} terms (modes keyword, vector, hybrid)")
         if self.mode in LINE_MODES and ("\n" in self.query or "\r" in self.query):

@@ -40,3 +40,15 @@ def test_read_refuses_an_empty_ref_with_the_same_rule() -> None:
     with pytest.raises(ValidationError, match="ref must not be empty; omit it to read"):
         ReadRequest(path="a.py", blob_sha="0" * 40, ref="  ")
     assert ReadRequest(path="a.py", blob_sha="0" * 40, ref="v1").ref == "v1"
+
+
+@pytest.mark.parametrize("mode", ["exact", "regex"])
+def test_whitespace_alone_is_a_line_mode_query(mode: str) -> None:
+    assert SearchRequest(query="\t", mode=mode).query == "\t"
+
+
+@pytest.mark.parametrize("mode", ["keyword", "vector", "hybrid", "symbol"])
+def test_a_blank_query_is_refused_at_the_query_field(mode: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        SearchRequest(query=" \t", mode=mode)
+    assert [err["loc"] for err in e.value.errors()] == [("query",)] and "blank" in str(e.value)
