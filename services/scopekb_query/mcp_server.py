@@ -543,12 +543,31 @@ def _finish_syncs(rt: Runtime) -> None:
         rt.tasks.drain()
 
 
+#: Seconds a stdio session whose stdin has ended still waits for the answers to requests already read.
+STDIO_DRAIN_S = 120.0
+
+
+def _message_id(item: Any, kinds: tuple[type, ...]) -> Any:
+    """The JSON-RPC id of a session message whose payload is one of ``kinds``, else None."""
+    message = getattr(item, "message", None)
+    message = getattr(message, "root", message)  # a RootModel in mcp 1.x, the union's member itself in 2.x
+    return message.id if isinstance(message, kinds) else None
+
+
 async def _serve_stdio(server: MCPServer) -> None:
-    """``server.run_stdio_async`` with every message the SDK cannot parse answered (:func:`_unparsed_answer`)."""
+    """``server.run_stdio_async`` with every message the SDK cannot parse answered (:func:`_unparsed_answer`), and
+    every request read before stdin ended answered before the session closes (at most :data:`STDIO_DRAIN_S`).
+
+    The SDK's session closes its write stream as soon as its read stream ends, so a client that wrote a tool call
+    and closed stdin (``printf '...' | scopekb mcp``) got no answer (hostile review): here the end of stdin reaches
+    the session only once the answers to the requests read so far have been written."""
     from mcp.server.stdio import stdio_server
+    from mcp.types import JSONRPCError, JSONRPCRequest, JSONRPCResponse
 
     async with stdio_server() as (read_stream, write_stream):
         send, receive = anyio.create_memory_object_stream[Any](0)
+        out_send, out_receive = anyio.create_memory_object_stream[Any](0)
+        pending: set[Any] = set()  # ids of requests read and not answered yet
 
         async def screen() -> None:
             async with send, read_stream:
@@ -560,13 +579,36 @@ async def _serve_stdio(server: MCPServer) -> None:
                     if answer is not None:
                         await write_stream.send(answer)
                     else:
+                        rid = _message_id(item, (JSONRPCRequest,))
+                        if rid is not None:
+                            pending.add(rid)
                         await send.send(item)
+                with anyio.move_on_after(STDIO_DRAIN_S):
+                    while pending:
+                        await anyio.sleep(0.05)
+                if pending:
+                    log.warning("mcp_stdio_closed_with_unanswered_requests", requests=len(pending))
+
+        relayed = anyio.Event()
+
+        async def relay() -> None:
+            try:
+                async with out_receive:
+                    async for item in out_receive:
+                        pending.discard(_message_id(item, (JSONRPCResponse, JSONRPCError)))
+                        await write_stream.send(item)
+            finally:
+                relayed.set()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(screen)
+            tg.start_soon(relay)
             low = server._lowlevel_server  # what MCPServer.run_stdio_async runs on the same streams
-            await low.run(receive, write_stream, low.create_initialization_options())
+            await low.run(receive, out_send, low.create_initialization_options())
+            with anyio.move_on_after(5):  # the session closed out_send: the relay ends once it has written the rest
+                await relayed.wait()
             tg.cancel_scope.cancel()
+        await write_stream.aclose()  # ends stdio_server's writer (the session closed only its own out_send)
 
 
 def _unparsed_answer(exc: Exception) -> Any:

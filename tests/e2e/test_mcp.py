@@ -321,6 +321,35 @@ def test_mcp_stdio_embedded_session_end_finishes_the_syncs_it_started(tmp_path: 
     assert job.files_indexed == len(files) + 1
 
 
+def test_mcp_stdio_answers_every_request_read_before_stdin_closed(tmp_path: Path) -> None:
+    """Hostile review: ``printf '<initialize>\\n<initialized>\\n<tools/call>\\n' | scopekb mcp`` printed the
+    initialize answer only: the SDK's session closed its output as soon as stdin ended, and the tool calls still
+    running were dropped. Every request read before the end of stdin is now answered, then the process exits 0."""
+    import json
+
+    from scopekb.indexing import run_sync
+
+    env, rt, secret, src = _embedded_stdio_world(tmp_path, {"pkg/widgets.py": WIDGETS})
+    run_sync(rt.sync_deps(), "job-stdio-eof", [src.id], trigger="cli")
+    calls = [{"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                 "protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "pipe", "version": "1"}}},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             *({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                "params": {"name": "search", "arguments": {"query": FUNC}}} for i in range(1, 4)),
+             {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "status", "arguments": {}}}]
+    p = subprocess.run(
+        [sys.executable, "-c", "import sys; from scopekb_query.mcp_server import run_stdio; run_stdio(sys.argv[1])",
+         secret], input="".join(json.dumps(c) + "\n" for c in calls), capture_output=True, text=True, env=env,
+        cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    answers = {a["id"]: a for a in map(json.loads, p.stdout.splitlines())}
+    assert sorted(answers) == [0, 1, 2, 3, 4], p.stdout[-2000:]
+    for i in (1, 2, 3):
+        text = answers[i]["result"]["content"][0]["text"]
+        assert not answers[i]["result"]["isError"] and "pkg/widgets.py" in text, text
+    assert src.id in answers[4]["result"]["content"][0]["text"]
+
+
 def _raw_stdio_exchange(env: dict[str, str], cwd: Path, key: str, lines: list[str]) -> list[dict[str, Any] | None]:
     """Start ``run_stdio(key)``, initialise it, then write each raw line of ``lines`` and read one answer line (or
     None after 30 s: no answer)."""
