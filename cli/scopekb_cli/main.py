@@ -622,8 +622,10 @@ def _embedding_banner(rt: Runtime) -> None:
                   highlight=False)
 
 
-def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, ref: str | None) -> Source:
-    """A registered source by id, or the source for a local path (registered on first use)."""
+def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, ref: str | None
+                    ) -> tuple[Source, bool]:
+    """``(source, registered_now)``: a registered source by id, or the source for a local path (registered on
+    first use, ``registered_now`` True only then)."""
     from pathlib import Path
 
     from scopekb.folders import (
@@ -640,7 +642,7 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
         src = rt.records.get_source(target)
         if src is None:
             raise CliError(f"no source {target!r}")
-        return src
+        return src, False
     if not target.strip():  # hostile review: "" resolved to the working directory and indexed it
         raise CliError("TARGET is empty: name a folder, a local git repository or a source id")
     path = Path(target).expanduser().resolve()
@@ -673,11 +675,11 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
     ctx = context or context_for(path.name)  # a name with control characters still makes a valid context id
     for src in rt.records.list_sources(agent_name=agent):
         if src.repo_url == url and src.ref == branch and src.context_id == ctx:
-            return src
+            return src, False
     # `scopekb index` syncs on demand: the source is not webhook-driven and refuses deliveries (issue 16).
     body = SourceCreate(agent_name=agent, context_id=ctx, repo_url=url, ref=branch,
                         repo_name=display_name(str(path)), webhooks=False)
-    return ops.register_source(rt, body)
+    return ops.register_source(rt, body), True
 
 
 @app.command()
@@ -696,8 +698,7 @@ def index(target: Annotated[str, typer.Argument(help="a folder, a local git repo
         rt.chunks.ensure_index()
     except StoreVersionMismatch as e:
         raise CliError(str(e)) from None
-    known = {x.id for x in rt.records.list_sources(agent_name=agent)}
-    src = _resolve_target(rt, target, agent, context, ref)
+    src, registered_now = _resolve_target(rt, target, agent, context, ref)
     _embedding_banner(rt)
     with _progress(TimeRemainingColumn(), transient=as_json) as bar:
         tasks: dict[str, int] = {}
@@ -712,7 +713,10 @@ def index(target: Annotated[str, typer.Argument(help="a folder, a local git repo
             job = run_sync(rt.sync_deps(), "cli-" + uuid.uuid4().hex[:16], [src.id], trigger="cli",
                            progress=progress)
         except Exception:
-            if src.id not in known:  # registered by this run and never synced: leave nothing half-done
+            # registered by this run and never synced: leave nothing half-done. Only then: a source of another
+            # agent than --agent's (hostile review: `index SOURCE_ID` of `my-agent`'s source, whose git fetch
+            # failed, removed the source and every chunk it had)
+            if registered_now:
                 ops.remove_source(rt, src.id)
             raise
     if as_json:

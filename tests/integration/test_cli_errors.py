@@ -501,3 +501,36 @@ def test_reading_commands_refuse_a_data_folder_that_does_not_exist_and_create_no
     p = run(["status"], env, tmp_path)
     assert p.returncode == 0 and "did not exist and was created empty" in p.stderr, p.stderr
     assert "did not exist" not in run(["status"], env, tmp_path).stderr  # only when it made it
+
+
+def _check_failed_index_keeps_a_registered_source(tmp_path: Path, env: dict[str, str]) -> None:
+    """Hostile review (HIGH): ``scopekb index SOURCE_ID`` of a source registered for another agent than
+    ``--agent``'s default (``source add --agent my-agent``, the README's flow) removed the source and all its
+    chunks when the sync failed (a git fetch error), as if this run had registered it. Now only a source this run
+    registered is removed on failure; a registered one stays, searchable as before."""
+    repo = tmp_path / "keep-repo"
+    repo.mkdir()
+    (repo / "a.py").write_text("def keep_me_indexed_fn():\n    return 1\n")
+    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"],
+                ["-c", "user.email=a@b", "-c", "user.name=n", "commit", "-qm", "one"]):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True)
+    added = run(["source", "add", "--agent", "my-agent", "--context", "ctx-1", "--repo", str(repo),
+                 "--no-webhooks"], env, tmp_path)
+    assert added.returncode == 0, added.stderr
+    sid = added.stdout.strip().split()[-1]
+    assert run(["index", sid], env, tmp_path).returncode == 0
+    repo.rename(tmp_path / "moved-away")  # the next fetch fails
+    assert_one_line_error(run(["index", sid], env, tmp_path))
+    listed = run(["source", "list", "--json"], env, tmp_path)
+    assert [s["id"] for s in json.loads(listed.stdout)] == [sid], listed.stdout
+    found = run(["search", "keep_me_indexed_fn", "--agent", "my-agent", "--json"], env, tmp_path)
+    assert [h["path"] for h in json.loads(found.stdout)["hits"]] == ["a.py"], found.stdout
+
+
+def test_a_failed_index_keeps_a_registered_source_embedded(tmp_path: Path) -> None:
+    _check_failed_index_keeps_a_registered_source(tmp_path, base_env(tmp_path))
+
+
+def test_a_failed_index_keeps_a_registered_source_distributed(tmp_path: Path, dist) -> None:
+    env, _ = dist
+    _check_failed_index_keeps_a_registered_source(tmp_path, {**env, "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true"})
