@@ -202,17 +202,3 @@ def decode_text(data: bytes) -> str:
     enc = sniff_encoding(data) or "latin-1"
     text = data.decode(enc, errors="replace")
     return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
-def parse_gitattributes_vendored(text: str) -> list[str]:
-    """Patterns marked ``linguist-vendored`` or ``linguist-generated`` (set, not ``=false``) in .gitattributes."""
-    out = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 2 or parts[0].startswith("#"):
-            continue
-        for attr in parts[1:]:
-            if attr in ("linguist-vendored", "linguist-generated", "linguist-vendored=true",
-                        "linguist-generated=true"):
-                out.append(parts[0])
-    return out

@@ -17,7 +17,7 @@ no classes). A pattern without ``/`` matches the file name in any folder.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -235,21 +235,3 @@ def compile_globs(globs: Sequence[str], limits: PatternLimits = DEFAULT_LIMITS, 
         except PatternRefused as e:
             raise PatternRefused(f"{what}[{n}]: {e}") from None
     return tuple(out)
-
-
-def usable_globs(globs: Iterable[str], limits: PatternLimits = DEFAULT_LIMITS,
-                 classes: bool = True) -> tuple[tuple[PathGlob, ...], list[str]]:
-    """Compile patterns taken from untrusted content (``.gitattributes``): ``(compiled, refused)`` — patterns over
-    a limit, and those after the first ``limits.max_patterns``, are dropped and described in ``refused`` instead
-    of failing the sync."""
-    ok: list[PathGlob] = []
-    refused: list[str] = []
-    for n, g in enumerate(globs):
-        if n >= limits.max_patterns:
-            refused.append(f"patterns after the first {limits.max_patterns} ({limits.setting_prefix}.max_patterns)")
-            break
-        try:
-            ok.append(compile_glob(g, limits, classes))
-        except PatternRefused as e:
-            refused.append(f"{g[:80]!r}: {e}")
-    return tuple(ok), refused

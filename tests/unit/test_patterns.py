@@ -24,7 +24,6 @@ from scopekb.patterns import (
     PatternRefused,
     compile_glob,
     compile_globs,
-    usable_globs,
 )
 from scopekb.search import SearchUnavailable, run_search
 from scopekb.settings import QuerySettings
@@ -112,12 +111,6 @@ def test_source_include_exclude_are_refused_at_registration() -> None:
         SourceCreate(agent_name="a", context_id="c", repo_url="https://example.com/r.git", exclude=["*.md"] * 101)
     ok = SourceCreate(agent_name="a", context_id="c", repo_url="https://example.com/r.git", include=["src/**/*.py"])
     assert ok.include == ["src/**/*.py"]
-
-
-def test_gitattributes_patterns_over_a_limit_are_dropped_not_fatal() -> None:
-    globs, refused = usable_globs(["vendor/*", ISSUE_PATTERN * 3, "*.min.js"], PatternLimits(max_patterns=2))
-    assert [g.text for g in globs] == ["vendor/*"] and len(refused) == 2
-    assert "max_patterns" in refused[1]
 
 
 def test_query_settings_limits_are_checked_against_the_ceiling() -> None:

@@ -1,0 +1,78 @@
+"""``.gitattributes`` read by git's rules in bounded time (hostile review, stop 42: only the root file was read,
+``-attr``/``attr=false``/``!attr`` and later lines were ignored, ``lib/*`` matched ``lib/sub/b.py``).
+
+The expected answers come from git itself: ``git check-attr`` on a real repository holding the same files (git is
+trusted with these small, well-formed patterns; the product does not hand patterns to git, whose matcher took
+minutes on hostile ones)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from scopekb.gitattributes import attributes_set, pattern_regex
+from scopekb.patterns import PatternRefused
+
+NAMES = ("linguist-vendored", "linguist-generated")
+PATHS = ["main.py", "lib/a.py", "lib/sub/b.py", "lib/x.py", "gen/out.py", "gen/keep.py", "docs/api.md",
+         "deep/er/gen/out.py", "vendor/j/q.js", "a.min.js", "src/a.min.js", "keep.py", "src/lib/c.py",
+         "weird name.py", "k[1].py", "q?.py"]
+CASES = {
+    "overrides": {"": "* linguist-generated\n*.py -linguist-generated\n"},
+    "value_false_and_unspecified": {"": "*.py linguist-vendored\nkeep.py linguist-vendored=false\n"
+                                        "main.py !linguist-vendored\n"},
+    "anchored_and_unanchored": {"": "lib/* linguist-vendored\n*.min.js linguist-generated\n/gen/out.py "
+                                    "linguist-generated\n"},
+    "globstar": {"": "**/gen/** linguist-generated\nvendor/** linguist-vendored\n"},
+    "nested_files": {"": "*.py linguist-generated\n", "lib": "*.py -linguist-generated\nx.py linguist-generated\n",
+                     "deep/er": "gen/* linguist-vendored=true\n"},
+    "folder_pattern_matches_no_file": {"": "lib/ linguist-vendored\ngen linguist-vendored\n"},
+    "classes_and_escapes": {"": "k[0-9].py linguist-generated\nq\\?.py linguist-generated\nweird\\ name.py "
+                                "linguist-vendored\n[!m]ain.py linguist-vendored\n"},
+}
+
+
+def _git_answer(tmp: Path, files: dict[str, str]) -> frozenset[str]:
+    repo = tmp / "repo"
+    for p in PATHS:
+        (repo / p).parent.mkdir(parents=True, exist_ok=True)
+        (repo / p).write_text("x\n")
+    for folder, text in files.items():
+        (repo / folder / ".gitattributes").write_text(text)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    out = subprocess.run(["git", "-C", str(repo), "-c", "core.attributesFile=/dev/null", "check-attr", "-z",
+                          "--stdin", *NAMES], input="\0".join(PATHS).encode(), capture_output=True, check=True,
+                         env={"GIT_ATTR_NOSYSTEM": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp)}).stdout
+    f = out.split(b"\0")
+    return frozenset(f[i].decode() for i in range(0, len(f) - 2, 3) if f[i + 2] in (b"set", b"true"))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_paths_git_marks_are_the_paths_marked(tmp_path: Path, case: str) -> None:
+    files = CASES[case]
+    got, refused = attributes_set(sorted(files.items()), PATHS, NAMES)
+    assert refused == []
+    assert got == _git_answer(tmp_path, files), case
+
+
+def test_hostile_patterns_are_refused_in_bounded_time() -> None:
+    """The patterns that kept ``git add`` busy for minutes (40 stars each, thousands of lines) are over the
+    wildcard limit and skipped; what is within the limits matches in linear time."""
+    text = "".join(f"{'*a' * 40}b{i} linguist-generated\n" for i in range(3000)) + "*.py linguist-vendored\n"
+    paths = ["d/" + "a" * 60 + str(i) for i in range(300)] + ["x.py"]
+    t0 = time.monotonic()
+    got, refused = attributes_set([("", text)], paths, NAMES)
+    assert time.monotonic() - t0 < 30
+    assert got == {"x.py"} and len(refused) == 3000 and "wildcards" in refused[0]
+
+
+def test_unsupported_constructs_are_refused_not_guessed() -> None:
+    for pattern in ("[[:alpha:]]*.py",):
+        with pytest.raises(PatternRefused):
+            pattern_regex(pattern, "")
+    _, refused = attributes_set([("", '"quoted name.py" linguist-vendored\n[attr]gen linguist-generated\n')],
+                                ["quoted name.py"], NAMES)
+    assert len(refused) == 2
