@@ -48,6 +48,16 @@ async def caller(request: Request, rt: Rt) -> Caller:
     return cached_caller(rt, authorization) or await run_in_threadpool(caller_of, rt, authorization)
 
 
+def unknown_key(rt: Runtime) -> HTTPException:
+    """The 401 for a bearer token that is neither a live key nor the admin token. Without an admin token set it
+    also says the admin API is off: an operator trying the admin routes with the token they meant to configure
+    read "unknown or revoked key" and only the server log said why (README newcomer run)."""
+    detail = "unknown or revoked key"
+    if rt.settings.query.admin_token is None:
+        detail += "; the admin API is off (SCOPEKB_QUERY__ADMIN_TOKEN is not set)"
+    return HTTPException(401, detail, headers={"WWW-Authenticate": "Bearer"})
+
+
 def caller_of(rt: Runtime, authorization: str) -> Caller:
     """:func:`caller` on an ``Authorization`` header value (also used before a body is read, see
     :func:`bearer_gate`). Raises ``HTTPException`` 401."""
@@ -60,7 +70,7 @@ def caller_of(rt: Runtime, authorization: str) -> Caller:
         return Caller(admin=True)
     key = rt.keys(token)
     if key is None:
-        raise HTTPException(401, "unknown or revoked key", headers={"WWW-Authenticate": "Bearer"})
+        raise unknown_key(rt)
     return Caller(key=key)
 
 
@@ -77,7 +87,7 @@ def cached_caller(rt: Runtime, authorization: str) -> Caller | None:
     if not known:
         return None
     if key is None:
-        raise HTTPException(401, "unknown or revoked key", headers={"WWW-Authenticate": "Bearer"})
+        raise unknown_key(rt)
     return Caller(key=key)
 
 

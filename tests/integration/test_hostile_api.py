@@ -274,3 +274,26 @@ def test_fields_a_mode_cannot_honour_an_empty_ref_and_a_non_json_body_are_refuse
     assert r.status_code == 415 and "application/json" in r.text, r.text
     r = apps["a"].post("/v1/search", content=b'{"query": "x"}', headers={**auth, "Content-Type": "application/json"})
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("profile", ["embedded", "distributed"])
+def test_without_an_admin_token_an_unknown_bearer_says_the_admin_api_is_off(profile: str, tmp_path: Path,
+                                                                            request: pytest.FixtureRequest) -> None:
+    """README newcomer run: `scopekb up` without SCOPEKB_QUERY__ADMIN_TOKEN, then `POST /v1/keys` with the token
+    meant for it, answered "unknown or revoked key"; only the server log said the admin API was off."""
+    from scopekb_query.app import create_app as query_app
+
+    run = f"noadmin-{uuid.uuid4().hex[:8]}"
+    services = {name: request.getfixturevalue(name) for name in ("opensearch_url", "redis_url", "s3_config")
+                } if profile == "distributed" else {}
+    s = profile_settings(profile, tmp_path, services, run, ADMIN).model_copy(deep=True)
+    s.query.admin_token = None
+    app = query_app(s)
+    try:
+        with TestClient(app, raise_server_exceptions=False) as c:
+            r = c.post("/v1/keys", json={"agent_name": "a", "context_ids": ["c"]},
+                       headers={"Authorization": "Bearer change-me"})
+            assert r.status_code == 401 and "SCOPEKB_QUERY__ADMIN_TOKEN is not set" in r.text, r.text
+    finally:
+        if profile == "distributed":
+            app.state.runtime.opensearch_client.indices.delete(index=f"{run}-*", ignore_unavailable=True)
