@@ -177,6 +177,11 @@ class Mirror:
         Raises:
             GitError: the repository cannot be reached or read.
         """
+        if not self.allow_local and self.repo_url.startswith(("/", "file://")):
+            # one line naming the setting, as registering such a source says (git only said "transport 'file' not
+            # allowed": README newcomer run, `scopekb index SOURCE_ID` of a local-path source in the CLI)
+            raise GitError(f"{self.repo_url} is a local path: reading it needs SCOPEKB_GIT__ALLOW_LOCAL_PATHS=true "
+                           "(git.allow_local_paths) in this process, as in the ingester and the workers")
         env = _git_env(self.allow_local)
         cfg = ["-c", "protocol.ext.allow=never", "-c", "submodule.recurse=false",
                "-c", "core.symlinks=false", "-c", "fetch.recurseSubmodules=false"]

@@ -519,6 +519,10 @@ def _check_failed_index_keeps_a_registered_source(tmp_path: Path, env: dict[str,
     assert added.returncode == 0, added.stderr
     sid = added.stdout.strip().split()[-1]
     assert run(["index", sid], env, tmp_path).returncode == 0
+    if "SCOPEKB_GIT__ALLOW_LOCAL_PATHS" in env:  # distributed: a CLI without the setting names it, keeps the source
+        bare = {k: v for k, v in env.items() if k != "SCOPEKB_GIT__ALLOW_LOCAL_PATHS"}
+        assert_one_line_error(run(["index", sid], bare, tmp_path), "SCOPEKB_GIT__ALLOW_LOCAL_PATHS=true")
+        assert [s["id"] for s in json.loads(run(["source", "list", "--json"], env, tmp_path).stdout)] == [sid]
     repo.rename(tmp_path / "moved-away")  # the next fetch fails
     assert_one_line_error(run(["index", sid], env, tmp_path))
     listed = run(["source", "list", "--json"], env, tmp_path)
