@@ -47,7 +47,7 @@ from scopekb.refs import CommitNotIndexed, pin_ref_state, ref_states
 from scopekb.runtime import ControlRuntime, Runtime
 from scopekb.search import forget_pinned
 from scopekb.settings import git_cache_dir
-from scopekb.sources import validate_repo_url, webhook_secret_for
+from scopekb.sources import repo_key, validate_repo_url, webhook_secret_for
 from scopekb.status import source_status
 from scopekb.stores.base import ScopeFilter
 
@@ -69,18 +69,40 @@ def register_source(rt: ControlRuntime, body: SourceCreate, allow_local: bool | 
 
     Raises:
         scopekb.sources.InvalidRepoUrl: (a :class:`Refused`, 422) the clone URL is refused, with the reason.
+        Refused: (409) a source of the same scope already registers the same repository (any spelling of its
+            URL or path: :func:`scopekb.sources.repo_key`) or prefix with the same ref, refs, include and exclude;
+            each hit would then be answered once per copy (hostile review).
     """
     url = body.repo_url
     if body.kind == "git":
         git = rt.settings.git
         url = validate_repo_url(body.repo_url, git.allow_local_paths if allow_local is None else allow_local,
                                 git.host_allowlist)
+    same = _same_source(rt, body, url)
+    if same is not None:
+        raise Refused(f"source {same.id} already registers this {'repository' if body.kind == 'git' else 'prefix'} "
+                      f"and ref for {body.agent_name}/{body.context_id}; sync it, or remove it first", 409)
     secret, _shown = webhook_secret_for(body)  # a webhook-driven source always has one (issue 16)
     src = Source(**{**body.model_dump(), "repo_url": url, "webhook_secret": secret}, id=Source.new_id())
     rt.records.put_source(src)
     rt.coord.bump_sources_version()
     log.info("source_added", source_id=src.id, agent_name=src.agent_name, context_id=src.context_id)
     return src
+
+
+def _same_source(rt: ControlRuntime, body: SourceCreate, url: str) -> Source | None:
+    """A registered source of ``body``'s scope that would index exactly what ``body`` asks for, or None."""
+    def where(kind: str, repo: str, bucket: str | None, prefix: str | None) -> tuple[str, ...]:
+        return (kind, repo_key(repo), "") if kind == "git" else (kind, bucket or "", prefix or "")
+
+    want = (where(body.kind, url, body.bucket, body.prefix), body.ref.removeprefix("refs/heads/"), sorted(body.refs),
+            body.include, body.exclude)
+    for src in rt.records.list_sources(agent_name=body.agent_name):
+        if src.context_id == body.context_id and want == (
+                where(src.kind, src.repo_url, src.bucket, src.prefix), src.ref.removeprefix("refs/heads/"),
+                sorted(src.refs), src.include, src.exclude):
+            return src
+    return None
 
 
 def registration_view(body: SourceCreate, src: Source) -> dict[str, Any]:

@@ -421,3 +421,20 @@ def test_the_console_shows_bidi_and_control_characters_of_indexed_names_as_escap
         assert raw not in page.text
     assert "\\u202eexe.txt.py" in page.text and "\\u202eevil\\u2066" in page.text
     assert "&lt;b&gt;x&lt;/b&gt;" in page.text and "<b>x</b>" not in page.text
+
+
+def test_the_same_repository_registered_twice_in_a_scope_is_409_naming_the_first(api: dict[str, Any]) -> None:
+    """Hostile review (M2): the same repository registered again in one scope (the same path, with a trailing
+    slash, as file://, through '..') was accepted each time, and every hit then came back once per copy. Now a
+    409 names the source already registered; another context, another ref or other include globs still register."""
+    c = api["client"]
+    repo = Path(str(api["repo"]))
+    body = {"agent_name": "dup", "context_id": "c", "repo_url": str(repo), "ref": "main", "webhooks": False}
+    first = c.post("/v1/sources", json=body)
+    assert first.status_code == 201, first.text
+    for spelling in (str(repo), str(repo) + "/", f"{repo.parent}/../{repo.parent.name}/{repo.name}"):
+        again = c.post("/v1/sources", json={**body, "repo_url": spelling})
+        assert again.status_code == 409 and first.json()["id"] in again.text, (spelling, again.text)
+    for other in ({"context_id": "d"}, {"include": ["*.py"]}, {"agent_name": "dup2"}):
+        assert c.post("/v1/sources", json={**body, **other}).status_code == 201, other
+    assert len([s for s in c.get("/v1/sources").json() if s["agent_name"] == "dup"]) == 3
