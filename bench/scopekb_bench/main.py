@@ -1,5 +1,5 @@
 """``bench/run [--quick]``: scopekb's benchmarks and retrieval-quality evaluation, every figure a ratio against a
-baseline measured in the same run (DESIGN §10, issue 11).
+baseline measured in the same run (issue 11; docs/benchmarks.md says what each is compared with).
 
 Order of a run:
 
@@ -845,7 +845,7 @@ def check(res: Results, since_committed: bool = True) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run, write results and the report, print the summary; exit 1 on --check problems."""
     ap = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small inputs and samples (smoke run, ~5 minutes)")
+    ap.add_argument("--quick", action="store_true", help="small inputs and samples (smoke run, ~7 minutes)")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 unless every metric was produced and is a finite number and the deterministic "
                          "outcomes hold (re-embedded ÷ changed = 1, hybrid ≥ keyword, ANN recall ≥ 0.95, nothing "

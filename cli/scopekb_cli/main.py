@@ -961,7 +961,7 @@ def eval_cmd(source_id: Annotated[str, typer.Argument(help="a registered git sou
     definitions they changed (at the parent commit) and docstrings → functions (docstrings removed). Reports
     NDCG@10, MRR@10, Hit@1 and Hit@10 per mode with 95% bootstrap intervals: in 80 columns each mean ± half
     its interval's width (``--wide``: the interval's ends; ``--json``: everything). A set of fewer than
-    :data:`MIN_EVAL_QUERIES` queries gets a one-line warning on stderr."""
+    100 queries (MIN_EVAL_QUERIES) gets a one-line warning on stderr."""
     from scopekb import evaluation, tuning
     from scopekb.evalsets import METRICS
 

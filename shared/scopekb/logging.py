@@ -71,6 +71,10 @@ def configure_logging(fmt: str = "auto", level: str = "INFO") -> None:
     # Third-party clients are chatty at INFO (every HTTP request); keep them at WARNING.
     for name in ("opensearch", "urllib3", "httpx", "git"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # opensearch-py logs every answer of status 4xx at WARNING, the expected ones included ("index exists" when
+    # the system indices are ensured, 404 for a record not there yet), which read as failures on every start
+    # (README newcomer run); a failed request still reaches scopekb's own handling and its log lines.
+    logging.getLogger("opensearch").setLevel(logging.ERROR)
     _configured = fmt
 
 
