@@ -1017,7 +1017,10 @@ def eval_cmd(source_id: Annotated[str, typer.Argument(help="a registered git sou
             c.no_wrap = True
     for k, d in rep["sets"].items():
         for m, met in d["modes"].items():
-            cells = (f"{met[x]['mean']:.3f} ({met[x]['ci95'][0]:.3f}–{met[x]['ci95'][1]:.3f})" if wide
+            # one query has no interval: its bootstrap gives 0 width, which would read as exact (README newcomer)
+            cells = (f"{met[x]['mean']:.3f} (no interval)" if wide and d["queries"] < 2
+                     else f"{met[x]['mean']:.2f} ±n/a" if d["queries"] < 2
+                     else f"{met[x]['mean']:.3f} ({met[x]['ci95'][0]:.3f}–{met[x]['ci95'][1]:.3f})" if wide
                      else f"{met[x]['mean']:.2f} ±{(met[x]['ci95'][1] - met[x]['ci95'][0]) / 2:.2f}"
                      for x in METRICS)
             _add_row(t, k, str(d["queries"]), m, *cells)
@@ -1036,7 +1039,9 @@ def small_sample_warning(rep: dict[str, Any]) -> str | None:
     :data:`MIN_EVAL_QUERIES` queries and the mean width of their 95% intervals; None when every set has enough."""
     small = []
     for kind, d in rep["sets"].items():
-        if d["queries"] < MIN_EVAL_QUERIES:
+        if d["queries"] < 2:
+            small.append(f"{kind} {d['queries']} (no interval from one query)")
+        elif d["queries"] < MIN_EVAL_QUERIES:
             widths = [m["ci95"][1] - m["ci95"][0] for met in d["modes"].values() for m in met.values()]
             small.append(f"{kind} {d['queries']} (95% intervals {sum(widths) / max(len(widths), 1):.2f} wide on "
                          f"average)")
