@@ -40,6 +40,9 @@ _EXT_LANG = {
 }
 _NAME_LANG = {"Dockerfile": "dockerfile", "Makefile": "make", "CMakeLists.txt": "cmake"}
 
+#: Every language name :func:`language_for` gives (what a search's ``languages`` filter can match).
+LANGUAGES = frozenset(_EXT_LANG.values()) | frozenset(_NAME_LANG.values()) | {"text"}
+
 # Build output and dependency folders, and generated or minified files (the linguist conventions, short list).
 _VENDORED_DIRS = {"node_modules", "vendor", "third_party", "bower_components", ".git", "dist", "build",
                   "target", "__pycache__", ".venv", "venv", ".tox", ".mypy_cache", ".next", "out"}

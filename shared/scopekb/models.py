@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from scopekb.fields import metadata_text
+from scopekb.filetypes import LANGUAGES
 from scopekb.patterns import SOURCE_LIMITS, PatternRefused, compile_globs
 
 #: Agent names and context ids: printable, no whitespace at the ends, no control characters. Case-sensitive.
@@ -483,7 +484,12 @@ class SearchRequest(BaseModel):
     def _short_items(cls, v: list[str]) -> list[str]:
         if any(len(x) > 300 for x in v):
             raise ValueError("each entry must be at most 300 characters")
-        return v
+        # names as the index writes them (hostile review: "Python" and "klingon" matched nothing, silently)
+        out = [x.strip().lower() for x in v]
+        unknown = [x for x in out if x not in LANGUAGES]
+        if unknown:
+            raise ValueError(f"unknown language {unknown[0][:40]!r}; languages are: {', '.join(sorted(LANGUAGES))}")
+        return out
 
     @field_validator("file_patterns")
     @classmethod
