@@ -664,6 +664,9 @@ class SearchResponse(BaseModel):
     #: search, :func:`scopekb.render.more_match_note`), so the text answer counts the results its text shows
     #: (hostile review L5). Not serialised.
     _more_match_cap: int | None = PrivateAttr(default=None)
+    #: With ``_more_match_cap``: the results are files (``group_by="file"``), and ``max_results`` is at the cap.
+    _more_match_files: bool = PrivateAttr(default=False)
+    _more_match_at_cap: bool = PrivateAttr(default=False)
 
 
 class JobStage(StrEnum):

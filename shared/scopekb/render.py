@@ -334,7 +334,9 @@ def render_text(resp: SearchResponse, max_tokens: int | None = None, counter: Co
 
     def tail(shown: int) -> list[str]:  # the Note line; a more-match note counts the results the text shows
         if resp._more_match_cap is not None:
-            return [f"Note: {more_match_note(len(resp.hits), shown, resp._more_match_cap)}"]
+            note = more_match_note(len(resp.hits), shown, resp._more_match_cap, resp._more_match_files,
+                                   resp._more_match_at_cap)
+            return [f"Note: {note}"]
         return [f"Note: {one_line(resp.notice)}"] if resp.notice else []
 
     summary = summary_line(resp) if resp.scope is not None else None
@@ -344,13 +346,20 @@ def render_text(resp: SearchResponse, max_tokens: int | None = None, counter: Co
     return _pack(resp, blocks, nonce, tail, max_tokens, counter)
 
 
-def more_match_note(found: int, shown: int, cap: int) -> str:
+def more_match_note(found: int, shown: int, cap: int, files: bool = False, at_cap: bool = False) -> str:
     """The notice of an exact/regex search that stopped at ``max_results`` (hostile review L5): ``found`` results
-    returned (files when grouped by file), ``shown`` of them in a text answer within its token budget, ``cap``
-    the largest ``max_results`` (``query.max_results_cap``)."""
-    text = f"more chunks match than the {found} result{'s' if found != 1 else ''} found (in path order)"
+    returned (``files``: files, grouped by file), ``shown`` of them in a text answer within its token budget,
+    ``cap`` the largest ``max_results`` (``query.max_results_cap``); ``at_cap``: ``max_results`` is already that,
+    so only narrowing helps (hostile review: the note said to raise it at 50 of 50)."""
+    if files:  # the chunks read before grouping ran out: later files, and later matches of these, are not listed
+        text = (f"more chunks match than were read for the {found} file{'s' if found != 1 else ''} found (in path "
+                "order; later files and later matching lines of these are not listed)")
+    else:
+        text = f"more chunks match than the {found} result{'s' if found != 1 else ''} found (in path order)"
     if shown < found:
         text += f", {shown} of them shown within the token budget"
+    if at_cap:
+        return text + "; narrow with file_patterns, languages or source_id"
     return text + f"; raise max_results (at most {cap}) or narrow with file_patterns"
 
 

@@ -272,14 +272,15 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
         for h in hits:  # set on the hits built above for this answer alone (no copy per hit, issue 20)
             h.refs, h.ref, h.commit = name_ref(refs, ref, h.source_id, h._chunk_id, h.refs, h.ref, h.commit)
     more = notice == MORE_MATCH
+    at_cap = req.max_results >= cfg.max_results_cap
     if more:  # counted after grouping: the files (or chunks) returned, not the chunks verified
-        notice = more_match_note(len(hits), len(hits), cfg.max_results_cap)
+        notice = more_match_note(len(hits), len(hits), cfg.max_results_cap, grouped, at_cap)
     resp = SearchResponse(query=req.query, mode=mode, hits=hits, notice=notice, group_by=req.group_by,
                           scope=SearchScope(agent_name=scope.agent_name, context_ids=None if scope.context_ids is None
                                             else list(scope.context_ids)),
                           took_ms=round((time.perf_counter() - t0) * 1000, 2))
     if more:
-        resp._more_match_cap = cfg.max_results_cap
+        resp._more_match_cap, resp._more_match_files, resp._more_match_at_cap = cfg.max_results_cap, grouped, at_cap
     return resp
 
 

@@ -370,7 +370,9 @@ def test_limits_and_refusals_over_rest(indexed: dict[str, Any]) -> None:
     # its text shows, never the chunks verified ("more chunks match than the 4 shown" with 0 shown).
     body = {"query": "self", "mode": "regex", "group_by": "file", "max_results": 1}
     one = c.post("/v1/search", json=body).json()
-    assert len(one["hits"]) == 1 and "than the 1 result found (in path order);" in one["notice"], one["notice"]
+    assert len(one["hits"]) == 1 and "than were read for the 1 file found (in path order;" in one["notice"], one[
+        "notice"]
+    assert "raise max_results" in one["notice"]  # 1 of 50: raising can help; at the cap it would not be offered
     for budget in (None, 300, 100):
         r = c.post("/v1/search?format=text", json={**body, **({"max_tokens": budget} if budget else {})})
         assert r.status_code == 200, r.text
@@ -380,7 +382,7 @@ def test_limits_and_refusals_over_rest(indexed: dict[str, Any]) -> None:
             assert notes == ["Note: " + one["notice"]], r.text
         elif notes:
             fenced = sum(ln.startswith("<<<chunk-") for ln in r.text.splitlines())
-            assert "than the 1 result found" in notes[0], notes
+            assert "for the 1 file found" in notes[0], notes
             assert (f", {fenced} of them shown within the token budget" in notes[0]) == (fenced < 1), r.text
 
     assert [h.path for h in more.hits] == sorted(h.path for h in more.hits)

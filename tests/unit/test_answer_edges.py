@@ -129,3 +129,12 @@ def test_the_budget_named_holds_whatever_nonce_the_next_answer_draws(monkeypatch
     again = render_text(answer([hit(0), hit(1), hit(2)]), need, counter)
     assert "a1b2c3d4e5f6" in again and "value_0 = compute_something" in again, again
     assert counter.count(again) <= need
+
+
+def test_a_more_match_note_at_the_cap_or_grouped_by_file_says_what_helps() -> None:
+    """Hostile review (stop 42, L1): one file of many matching chunks, grouped by file at max_results 50 of 50,
+    was told to "raise max_results (at most 50)", which cannot help."""
+    assert more_match_note(3, 3, 50).endswith("raise max_results (at most 50) or narrow with file_patterns")
+    at_cap = more_match_note(1, 1, 50, files=True, at_cap=True)
+    assert "raise max_results" not in at_cap and at_cap.endswith("narrow with file_patterns, languages or source_id")
+    assert at_cap.startswith("more chunks match than were read for the 1 file found")
