@@ -105,7 +105,9 @@ def normalise_repo(url: str) -> str:
     else:
         parts = urlsplit(url)
         host, path = parts.hostname or "", parts.path
-    path = path.strip("/").removesuffix(".git")
+    path = path.strip("/")
+    if path.lower().endswith(".git"):  # hosts answer Repo.GIT as Repo.git (hostile review)
+        path = path[:-4]
     return f"{host.lower()}/{path}"
 
 

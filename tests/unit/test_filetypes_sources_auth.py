@@ -78,6 +78,7 @@ def test_allowlist_and_local_paths(tmp_path) -> None:
 def test_normalise_repo_equivalences() -> None:
     a = normalise_repo("https://GitHub.com/Org/Repo.git")
     assert a == normalise_repo("git@github.com:Org/Repo.git") == normalise_repo("ssh://git@github.com/Org/Repo/")
+    assert a == normalise_repo("https://github.com/Org/Repo.GIT")  # hostile review: the suffix in capitals
 
 
 def _key(contexts: list[str] | None) -> ApiKey:
