@@ -637,6 +637,7 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
         is_git_repo,
         snapshot_folder,
     )
+    from scopekb.sources import repo_key
 
     if target.startswith("src_") and not Path(target).exists():
         src = rt.records.get_source(target)
@@ -673,8 +674,9 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
         gd, _ = snapshot_folder(path, rt.settings.data_dir)
         url, branch = str(gd), "main"
     ctx = context or context_for(path.name)  # a name with control characters still makes a valid context id
+    key = repo_key(url)  # any spelling of the path a source was registered under (`..`, a symlink, a final /)
     for src in rt.records.list_sources(agent_name=agent):
-        if src.repo_url == url and src.ref == branch and src.context_id == ctx:
+        if src.kind == "git" and repo_key(src.repo_url) == key and src.ref == branch and src.context_id == ctx:
             return src, False
     # `scopekb index` syncs on demand: the source is not webhook-driven and refuses deliveries (issue 16).
     body = SourceCreate(agent_name=agent, context_id=ctx, repo_url=url, ref=branch,

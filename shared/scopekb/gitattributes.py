@@ -23,10 +23,8 @@ from dataclasses import dataclass
 
 import re2
 
-from scopekb.patterns import GITATTRIBUTES_LIMITS, PatternRefused, check_glob
+from scopekb.patterns import GITATTRIBUTES_LIMITS, PatternRefused, bounded_regex, check_glob
 
-#: RE2 memory budget per compiled pattern in bytes.
-_RE2_MAX_MEM = 1 << 20
 #: The states an attribute takes that mean "true" (``attr`` alone, or ``attr=true``).
 TRUE_STATES = frozenset({"set", "true"})
 
@@ -150,11 +148,10 @@ def parse(text: str, folder: str, names: Sequence[str]) -> tuple[list[Rule], lis
             regex = pattern_regex(pattern, folder)
             if regex is None:
                 continue
-            opts = re2.Options()
-            opts.max_mem = _RE2_MAX_MEM
-            rules.append(Rule(re2.compile(regex, opts), states))
-        except (PatternRefused, re2.error) as e:
-            refused.append(f"{(folder + '/' if folder else '') + '.gitattributes'}: {pattern[:80]!r}: {e}")
+            rules.append(Rule(bounded_regex(regex, pattern), states))
+        except PatternRefused as e:  # the file's path and the pattern are repository content: quoted for logs
+            where = (folder + "/" if folder else "") + ".gitattributes"
+            refused.append(f"{where[:200]!r}: {pattern[:80]!r}: {str(e)[:200]!r}")
     return rules, refused
 
 

@@ -502,6 +502,7 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
             _add_pins(deps, job, reader, sources, tracked)
             trees = {}
         ref_targets = {r: c for t in tracked.values() for r, c in t.items()}
+        vendored_of: dict[str, frozenset[str]] = {}  # commit -> the paths its .gitattributes mark (for every ref)
         job.ref_commits = dict(sorted(ref_targets.items()))
         primary = sources[0].ref
         job.to_commit = ref_targets.get(primary) or next(iter(job.ref_commits.values()), None)
@@ -512,7 +513,8 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
                 for reason in reader.dropped.values():  # type: ignore[union-attr]  # not-UTF-8 names
                     job.files_skipped[reason] = job.files_skipped.get(reason, 0) + 1
             group = [s for s in sources if tracked[s.id].get(ref) == target]
-            _sync_ref(deps, job, reader, group, ref, target, trees[target], progress, verify, generation, kinds)
+            _sync_ref(deps, job, reader, group, ref, target, trees[target], progress, verify, generation, kinds,
+                      vendored_of)
     finally:
         reader.close()
     for src in sources:  # refs indexed before and not tracked now: their membership goes, chunks no ref uses too
@@ -655,15 +657,24 @@ def _put_ref_state(deps: SyncDeps, src: Source, ref: str, value: dict[str, Any] 
 
 def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPrefix, sources: list[Source],
               ref: str, target: str, tree: dict[str, TreeEntry], progress: Progress | None, verify: bool,
-              generation: str | None = None, kinds: dict[str, dict[str, str]] | None = None) -> None:
+              generation: str | None = None, kinds: dict[str, dict[str, str]] | None = None,
+              vendored_of: dict[str, frozenset[str]] | None = None) -> None:
     """Bring ``ref`` of ``sources`` to ``target``: plan against the ref's last indexed commit (or the nearest
     indexed ref's, whose membership is copied first), read, write and advance the ref's state. ``generation``:
     the chunk store's (:meth:`~scopekb.stores.base.ChunkStore.generation`), and ``kinds`` (source id → ref →
-    ``branch``/``tag``; pins and object sources have none), recorded with the commit."""
+    ``branch``/``tag``; pins and object sources have none), recorded with the commit. ``vendored_of``: commit →
+    the paths its ``.gitattributes`` mark, shared by the refs of one sync and filled only when a ref needs it (a
+    ref already at its commit reads no ``.gitattributes``)."""
+    cache = {} if vendored_of is None else vendored_of
+
+    def vendored() -> frozenset[str]:
+        if target not in cache:
+            cache[target] = _vendored_paths(reader, tree) if isinstance(reader, Mirror) else frozenset()
+        return cache[target]
+
     # The ref's plan, its overlay start and its deletions read the store by search: make the writes of the refs
     # synced before it in this job visible first (OpenSearch searches see refreshed writes only).
     deps.chunks.refresh()
-    vendored = _vendored_paths(reader, tree) if isinstance(reader, Mirror) else frozenset()
     plans = [_plan(deps, reader, src, target, tree, verify, ref, generation, vendored) for src in sources]
     for plan in plans:
         plan.kind = (kinds or {}).get(plan.source.id, {}).get(ref)
@@ -674,7 +685,8 @@ def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPr
     uploads = BlobUploads(deps.blobs)
     try:
         held = frozenset(b for plan in plans for b in plan.held)
-        prepared = _read_and_store(deps, reader, tree, wanted, job, progress, uploads, held, vendored)
+        prepared = _read_and_store(deps, reader, tree, wanted, job, progress, uploads, held,
+                                   vendored() if wanted else frozenset())
         _write_ref(deps, job, plans, prepared, ref, target, progress, uploads)
     finally:
         uploads.close()
@@ -759,7 +771,7 @@ def _lost(state: dict[str, Any], generation: str | None) -> bool:
 
 def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Source, target: str,
           tree: dict[str, TreeEntry], verify: bool = False, ref: str | None = None,
-          generation: str | None = None, vendored: frozenset[str] = frozenset()) -> _Plan:
+          generation: str | None = None, vendored: Callable[[], frozenset[str]] = frozenset) -> _Plan:
     ref = ref or src.ref
     state = _ref_states(deps, src).get(ref, {})
     writing = state.pop("writing", None)
@@ -825,8 +837,9 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
         plan.held = {b for b in trusted.values() if b}
         # indexed before the tree's .gitattributes marked them vendored or generated: read again, so skipped and
         # their chunks deleted
+        marks = vendored() if indexed else frozenset()
         planned = set(plan.to_index)
-        marked = [p for p in indexed if p in vendored and p in tree and p not in planned]
+        marked = [p for p in indexed if p in marks and p in tree and p not in planned]
         plan.to_index += marked
         plan.maybe_stale |= set(marked)
         mode = "verify" if verify else "lost" if lost else "attributes" if attributes else "full"
@@ -957,7 +970,7 @@ MAX_GITATTRIBUTES_BYTES = 100 * 1024 * 1024
 
 
 def _is_attributes_file(path: str | None) -> bool:
-    return bool(path) and (path == ".gitattributes" or path.endswith("/.gitattributes"))  # type: ignore[union-attr]
+    return path is not None and (path == ".gitattributes" or path.endswith("/.gitattributes"))
 
 
 def _vendored_paths(mirror: Mirror, tree: dict[str, TreeEntry]) -> frozenset[str]:

@@ -181,14 +181,24 @@ def _compile(glob: str, classes: bool) -> PathGlob:
     body = "".join(out)
     if "/" not in glob:
         body = "(?:.*/)?" + body
+    return PathGlob(text=glob, regex=bounded_regex(body, glob), wildcards=() if has_class else _wildcards(
+        "".join(wild), glob))
+
+
+def bounded_regex(body: str, glob: str) -> re2._Regexp:  # type: ignore[name-defined]
+    """``body`` (RE2 syntax, translated from the path pattern ``glob``) compiled within the memory budget every
+    path pattern gets (:data:`_RE2_MAX_MEM`); ``.`` matches any character of a path.
+
+    Raises:
+        PatternRefused: RE2 cannot compile it within the budget (the message names ``glob``, cut to 80 characters).
+    """
     opts = re2.Options()
     opts.max_mem = _RE2_MAX_MEM
     opts.dot_nl = True
     try:
-        regex = re2.compile(body, opts)
+        return re2.compile(body, opts)
     except re2.error as e:
         raise PatternRefused(f"path pattern {glob[:80]!r} cannot be compiled: {e}") from None
-    return PathGlob(text=glob, regex=regex, wildcards=() if has_class else _wildcards("".join(wild), glob))
 
 
 def _wildcards(marked: str, glob: str) -> tuple[str, ...]:
