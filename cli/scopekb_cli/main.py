@@ -236,8 +236,10 @@ def up(host: str = "127.0.0.1", port: int = 8000) -> None:
     # in-memory, so only this process's own tasks reach it (JSON only, never pickle).
     warnings.filterwarnings("ignore", category=SecurityWarning)
     try:
-        celery_app.worker_main(["worker", "--pool=solo", "--loglevel=WARNING", f"--queues={s.worker.queue}",
-                                "--without-gossip", "--without-mingle", "--without-heartbeat"])
+        # one task at a time (solo pool): --concurrency=1 so Celery's banner does not claim the CPU count
+        celery_app.worker_main(["worker", "--pool=solo", "--concurrency=1", "--loglevel=WARNING",
+                                f"--queues={s.worker.queue}", "--without-gossip", "--without-mingle",
+                                "--without-heartbeat"])
     finally:
         server.should_exit = True
 

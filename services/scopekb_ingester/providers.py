@@ -132,9 +132,10 @@ def decode_body(body: bytes, content_type: str | None) -> dict[str, Any]:
             in it holds a lone UTF-16 surrogate.
     """
     ctype = (content_type or "").split(";")[0].strip().lower()
+    form_body = ctype == "application/x-www-form-urlencoded"
     try:
-        if ctype == "application/x-www-form-urlencoded":
-            form = parse_qs(body.decode("utf-8"), strict_parsing=False)
+        if form_body:
+            form = parse_qs(body.decode("utf-8"), strict_parsing=False, errors="strict")
             if "payload" not in form:
                 raise BadRequest("form body has no payload field")
             data = loads_bounded(form["payload"][0])
@@ -144,8 +145,10 @@ def decode_body(body: bytes, content_type: str | None) -> dict[str, Any]:
         raise
     except JsonTooDeep as e:
         raise BadRequest(str(e)) from None
-    except (UnicodeDecodeError, ValueError):
-        raise BadRequest("body is not valid JSON") from None
+    except UnicodeDecodeError:
+        raise BadRequest("body is not valid UTF-8") from None
+    except ValueError:
+        raise BadRequest("form field 'payload' is not valid JSON" if form_body else "body is not valid JSON") from None
     if not isinstance(data, dict):
         raise BadRequest("body must be a JSON object")
     where = lone_surrogate_at(data)

@@ -50,6 +50,17 @@ def test_malformed_bodies(body: bytes) -> None:
         parse_github_body(body, ctype)
 
 
+@pytest.mark.parametrize(("body", "ctype", "reason"), [
+    (b"payload=%7B", "application/x-www-form-urlencoded", "form field 'payload' is not valid JSON"),
+    (b"payload=%FF", "application/x-www-form-urlencoded", "not valid UTF-8"),
+    (b"\xff{}", "application/json", "body is not valid UTF-8"),
+    (b"{", "application/json", "body is not valid JSON"),
+])
+def test_malformed_body_reasons_name_what_is_wrong(body: bytes, ctype: str, reason: str) -> None:
+    with pytest.raises(BadRequest, match=reason):
+        parse_github_body(body, ctype)
+
+
 @pytest.mark.parametrize("patch", [{"ref": 3}, {"ref": "main"}, {"after": "xyz"}, {"before": None},
                                    {"repository": "x"}])
 def test_bad_push_fields(patch: dict) -> None:
