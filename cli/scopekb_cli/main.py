@@ -45,7 +45,7 @@ from scopekb.render import (
     validation_message,
 )
 from scopekb.runtime import Runtime, build_runtime
-from scopekb.search import SearchUnavailable, best_mode, run_search
+from scopekb.search import SearchUnavailable, best_mode, empty_scope_note, run_search
 from scopekb.settings import get_settings
 from scopekb.stores.base import ScopeFilter
 
@@ -824,9 +824,12 @@ def search(query: str,
         out.print_json(resp.model_dump_json())
         return
     if not resp.hits:
-        out.print(Text(f"No results for '{one_line(query, 200)}' ({chosen.value})"
-                       + _empty_scope(rt, agent, context, source) + "."), soft_wrap=True)
-        if resp.notice:
+        why = empty_scope_note(rt.records, scope, source, list_contexts=True)
+        if why.endswith(" has no sources"):
+            why += f" (`scopekb index PATH --agent {field(agent)}` adds one)"
+        out.print(Text(f"No results for '{one_line(query, 200)}' ({chosen.value})" + (f"; {why}" if why else "")
+                       + "."), soft_wrap=True)
+        if resp.notice and resp.notice != empty_scope_note(rt.records, scope, source):  # said above
             err.print(one_line(cli_terms(resp.notice), 2000), markup=False, highlight=False)
         return
     if max_tokens is not None:  # the agents' answer, as REST format=text and the MCP search tool render it
@@ -930,23 +933,6 @@ def cli_terms(message: str) -> str:
     replaced by the ``scopekb search`` flag that sets it (:data:`CLI_FLAGS`); settings names such as
     ``query.text_scan_max`` are kept."""
     return _CLI_FLAG_RE.sub(lambda m: CLI_FLAGS[m.group(1)], message)
-
-
-def _empty_scope(rt: Runtime, agent: str, context: str | None, source: str | None) -> str:
-    """Why a search found nothing, when the scope itself is empty: ``; agent 'x' has no sources``, ``; context
-    'c' has nothing indexed for agent 'x' (its contexts: a, b)``; else ``""`` (the scope holds chunks, none
-    matched)."""
-    srcs = rt.records.list_sources(agent_name=agent)
-    if source is not None and not any(x.id == source for x in srcs):
-        return f"; agent {field(agent)} has no source {field(source)}"
-    if not srcs:
-        return f"; agent {field(agent)} has no sources (`scopekb index PATH --agent {field(agent)}` adds one)"
-    contexts = sorted({x.context_id for x in srcs})
-    if context is not None and context not in contexts:
-        shown = ", ".join(field(c) for c in contexts[:10]) + (f" +{len(contexts) - 10} more" if len(contexts) > 10
-                                                               else "")
-        return f"; context {field(context)} does not exist for agent {field(agent)} (its contexts: {shown})"
-    return ""
 
 
 @app.command("eval")

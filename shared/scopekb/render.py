@@ -328,7 +328,8 @@ def render_text(resp: SearchResponse, max_tokens: int | None = None, counter: Co
     if not resp.hits:
         if resp.scope is None:
             return f"No results for '{one_line(resp.query, 200)}'."
-        return _fit(lambda q: summary_line(resp, q), max_tokens, counter)
+        note = f"\nNote: {one_line(resp.notice, 1000)}" if resp.notice else ""  # e.g. a context with no sources
+        return _fit(lambda q: summary_line(resp, q) + note, max_tokens, counter)
     blocks = _blocks(resp)
     nonce = fence_nonce([resp.query, *(ln for b in blocks for ln in b.head), *(h.content for h in resp.hits)])
 

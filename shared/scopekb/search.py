@@ -29,7 +29,7 @@ from scopekb.models import (
 )
 from scopekb.patterns import PatternRefused, compile_globs
 from scopekb.refs import RefIndex, ref_states
-from scopekb.render import more_match_note, render_text
+from scopekb.render import field, more_match_note, render_text
 from scopekb.settings import QuerySettings
 from scopekb.stores.base import (
     ChunkStore,
@@ -275,6 +275,11 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     at_cap = req.max_results >= cfg.max_results_cap
     if more:  # counted after grouping: the files (or chunks) returned, not the chunks verified
         notice = more_match_note(len(hits), len(hits), cfg.max_results_cap, grouped, at_cap)
+    if not hits and notice is None and records is not None:  # a typo'd context or source is not "no match"
+        notice = empty_scope_note(records, scope, req.source_id) or None
+    if notice is None and req.max_results > cfg.max_results_cap and len(hits) == cfg.max_results_cap:
+        notice = (f"at most {cfg.max_results_cap} results a search (query.max_results_cap); max_results "
+                  f"{req.max_results} was lowered to it")
     resp = SearchResponse(query=req.query, mode=mode, hits=hits, notice=notice, group_by=req.group_by,
                           scope=SearchScope(agent_name=scope.agent_name, context_ids=None if scope.context_ids is None
                                             else list(scope.context_ids)),
@@ -282,6 +287,33 @@ def run_search(store: ChunkStore, req: SearchRequest, scope: ScopeFilter, cfg: Q
     if more:
         resp._more_match_cap, resp._more_match_files, resp._more_match_at_cap = cfg.max_results_cap, grouped, at_cap
     return resp
+
+
+def empty_scope_note(records: RecordStore, scope: ScopeFilter, source_id: str | None,
+                     list_contexts: bool = False) -> str:
+    """Why a search of ``scope`` can find nothing whatever the query, or ``""`` when the scope holds sources
+    (none of its chunks matched): ``agent 'x' has no source 's'``, ``agent 'x' has no sources``, ``context 'c'
+    has no sources for agent 'x'``. Names are quoted with :func:`scopekb.render.field` (they are caller input).
+
+    ``list_contexts``: add ``(its contexts: a, b, +N more)`` (the CLI, which reads the stores directly; REST and
+    MCP leave it out: a key bound to some contexts must not learn the names of the others). One read of the
+    agent's sources; called only for an answer with no hits."""
+    agent = scope.agent_name
+    srcs = records.list_sources(agent_name=agent)
+    if source_id is not None and not any(x.id == source_id for x in srcs):
+        return f"agent {field(agent)} has no source {field(source_id)}"
+    if not srcs:
+        return f"agent {field(agent)} has no sources"
+    contexts = sorted({x.context_id for x in srcs})
+    missing = [c for c in scope.context_ids or () if c not in contexts]
+    if not missing or len(missing) < len(scope.context_ids or ()):
+        return ""
+    said = f"context {field(missing[0])} has no sources for agent {field(agent)}" if len(missing) == 1 else (
+        f"contexts {', '.join(field(c) for c in missing[:10])} have no sources for agent {field(agent)}")
+    if list_contexts:
+        said += " (its contexts: " + ", ".join(field(c) for c in contexts[:10]) + (
+            f" +{len(contexts) - 10} more" if len(contexts) > 10 else "") + ")"
+    return said
 
 
 def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg: QuerySettings, size: int,

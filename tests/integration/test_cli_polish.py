@@ -73,7 +73,7 @@ def test_search_options_notices_and_an_empty_scope_speak_cli(env: dict[str, str]
 
     p = run(["search", "retry_helper", "--context", "nope"], env, tmp_path)
     assert p.returncode == 0, p.stderr
-    assert "context nope does not exist for agent local (its contexts: proj)" in p.stdout, p.stdout
+    assert "context nope has no sources for agent local (its contexts: proj)" in p.stdout, p.stdout
     p = run(["search", "retry_helper", "--agent", "nobody"], env, tmp_path)
     assert "agent nobody has no sources" in p.stdout, p.stdout
 

@@ -297,3 +297,40 @@ def test_without_an_admin_token_an_unknown_bearer_says_the_admin_api_is_off(prof
     finally:
         if profile == "distributed":
             app.state.runtime.opensearch_client.indices.delete(index=f"{run}-*", ignore_unavailable=True)
+
+
+def test_a_search_of_a_context_or_source_the_agent_lacks_says_so_and_a_capped_max_results_too(
+        apps: dict[str, Any]) -> None:
+    """README newcomer (stop 43): with an all-contexts key, a typo'd ``context_id`` got 200 with no hits and no
+    notice on REST and "No results" on MCP, while the CLI named the mistake: an agent could not tell a typo from
+    an empty answer. Now the notice says which context (or source) the agent has no sources in, without naming
+    the agent's other contexts (a key bound to some must not learn the others); ``max_results`` above
+    ``query.max_results_cap`` is lowered with a notice saying so."""
+    from scopekb.realrepo import git
+
+    repo = apps["tmp"] / "typo-repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "a.py").write_text("x = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    r = apps["a"].post("/v1/sources", json={"agent_name": "typo", "context_id": "real",
+                                            "repo_url": str(repo)}, headers=_admin())
+    assert r.status_code == 201, r.text
+    key = apps["a"].post("/v1/keys", json={"agent_name": "typo"}, headers=_admin()).json()["key"]
+    auth = {"Authorization": f"Bearer {key}"}
+    r = apps["a"].post("/v1/search", json={"query": "x", "mode": "keyword", "context_id": "nope"}, headers=auth)
+    assert r.status_code == 200 and r.json()["hits"] == [], r.text
+    assert r.json()["notice"] == "context nope has no sources for agent typo", r.text
+    assert "real" not in r.json()["notice"]
+    res = _mcp(apps["a"], key, "search", {"query": "x", "mode": "keyword", "context_id": "nope"})
+    assert not res["isError"] and "context nope has no sources for agent typo" in res["content"][0]["text"], res
+    r = apps["a"].post("/v1/search", json={"query": "x", "mode": "keyword", "source_id": "src-nope",
+                                            "cross_context": True}, headers=auth)
+    assert r.status_code == 200 and r.json()["notice"] == "agent typo has no source src-nope", r.text
+    r = apps["a"].post("/v1/search", json={"query": "x", "mode": "keyword", "context_id": "real"}, headers=auth)
+    assert r.status_code == 200 and r.json()["notice"] is None, r.text  # a real, empty context: no match, no note
+    other = apps["a"].post("/v1/keys", json={"agent_name": "nobody-here"}, headers=_admin()).json()["key"]
+    r = apps["a"].post("/v1/search", json={"query": "x", "mode": "keyword", "cross_context": True},
+                       headers={"Authorization": f"Bearer {other}"})
+    assert r.json()["notice"] == "agent nobody-here has no sources", r.text

@@ -366,6 +366,13 @@ def test_limits_and_refusals_over_rest(indexed: dict[str, Any]) -> None:
                      ScopeFilter(AGENT, (CONTEXT,)), CFG)
     assert [h.path for h in few.hits] == [h.path for h in more.hits[:3]] and "max_results" in (few.notice or "")
     assert "than the 3 results found" in (few.notice or ""), few.notice
+    # README newcomer (stop 43): max_results above the cap was lowered silently in the ranked modes
+    capped = run_search(indexed["rt"].chunks, SearchRequest(query="self", mode=SearchMode.keyword, max_results=50),
+                        ScopeFilter(AGENT, (CONTEXT,)), QuerySettings(max_results_cap=5))
+    assert len(capped.hits) == 5 and capped.notice == (
+        "at most 5 results a search (query.max_results_cap); max_results 50 was lowered to it"), capped.notice
+    assert run_search(indexed["rt"].chunks, SearchRequest(query="self", mode=SearchMode.keyword, max_results=5),
+                      ScopeFilter(AGENT, (CONTEXT,)), QuerySettings(max_results_cap=5)).notice is None
     # Hostile review L5: the Note counts the results returned (files when grouped), and in a text answer the ones
     # its text shows, never the chunks verified ("more chunks match than the 4 shown" with 0 shown).
     body = {"query": "self", "mode": "regex", "group_by": "file", "max_results": 1}
