@@ -7,6 +7,7 @@ all-equal scores, NaN or negative raw scores.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 RRF_K = 60  # Reciprocal Rank Fusion constant (Cormack et al. 2009; the Turso seed uses k = 60).
@@ -65,3 +66,14 @@ def rrf_fusion(*ranked: Sequence[tuple[str, float]], k: int = RRF_K) -> list[tup
     out = [(i, (s / top) if top > 0 else 0.0) for i, s in acc.items()]
     out.sort(key=lambda t: (-t[1], t[0]))
     return out
+
+
+_NAME_QUERY = re.compile(r"[\w.:$/#-]*[^\W\d_][\w.:$/#-]*")
+
+
+def is_name_query(query: str) -> bool:
+    """True for a query that is one word with no space: a name to look up (``resultcallback``,
+    ``get_terminal_size``, ``Context.invoke``, ``fmt::format``), not a description. Letters, digits and
+    ``_ . : $ / # -`` only, at least one letter, at most 200 characters; surrounding whitespace is ignored."""
+    q = query.strip()
+    return 0 < len(q) <= 200 and _NAME_QUERY.fullmatch(q) is not None

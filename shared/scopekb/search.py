@@ -377,8 +377,12 @@ def _ranked_search(store: ChunkStore, req: SearchRequest, flt: SearchFilter, cfg
                 ranked = scoring.rrf_fusion(kw_list, vec_list)
                 how = f"rrf k={scoring.RRF_K}"
             else:
+                name = scoring.is_name_query(req.query) and kw_w < cfg.name_keyword_weight
+                if name:  # a name lookup: the description weights lose to keyword alone (query.name_keyword_weight)
+                    kw_w, vec_w = cfg.name_keyword_weight, round(1.0 - cfg.name_keyword_weight, 6)
                 ranked = scoring.weighted_fusion(kw_list, vec_list, kw_w, vec_w)
                 how = f"weighted {kw_w:g}×keyword + {vec_w:g}×vector" + (
+                    " (a one-word query: a name)" if name else
                     " (this context's tuned weights)" if chosen is not None else "")
     if rerank_on and req.mode != SearchMode.vector and len(ranked) > 1:
         ranked, how = _rerank(req.query, ranked, docs, cfg, how)

@@ -229,6 +229,10 @@ class QuerySettings(BaseModel):
     #: Hybrid weights (DESIGN §5: 0.3 keyword / 0.7 vector).
     keyword_weight: float = 0.3
     vector_weight: float = 0.7
+    #: Hybrid keyword weight (at least) for a query of one word and no space, a name such as ``resultcallback``
+    #: or ``Context.invoke`` (vector weight: 1 minus it). Measured (docs/search.md, bench/name_probe.py): on 250
+    #: definition-name lookups NDCG@10 keyword 0.82-0.83, hybrid 0.3/0.7 0.67-0.68, 0.7/0.3 0.83-0.85. 0: off.
+    name_keyword_weight: float = Field(default=0.7, ge=0.0, le=1.0)
     #: Candidates fetched per list before fusion, as a multiple of the requested results.
     candidate_factor: int = 4
     #: Default token budget of an MCP ``search`` answer (tokens of the embedding model's tokenizer; issue 22:

@@ -510,6 +510,24 @@ def test_hybrid_search_is_both_lists_in_one_call(corpus: ChunkStore) -> None:
     assert all(F.EMBEDDING not in d for _, _, d in kw + vh)
 
 
+def test_a_one_word_query_is_fused_as_a_name_lookup(corpus: ChunkStore) -> None:
+    """README newcomer (stop 43): ``resultcallback`` put a chunk without the word first (vector #1, 0.7 of the
+    score). A query of one word and no space is a name: hybrid fuses it ``query.name_keyword_weight`` (0.7) ×
+    keyword, so the chunk that has the name beats the one the vector list prefers; a query of several words
+    keeps the 0.3/0.7 weights; the rule can be turned off."""
+    away = [-x for x in doc_of(0, "src/pkg/timeutil.py")[F.EMBEDDING]]  # the vector list ranks the name's chunk last
+    emb = embedder({"parse_rfc3339": away, "parse_rfc3339 please": away})
+    resp = search(corpus, "parse_rfc3339", scope(0), "hybrid", emb, max_results=5)
+    assert resp.hits[0].symbol == "parse_rfc3339", [h.path for h in resp.hits]
+    assert resp.hits[0].why is not None and resp.hits[0].why.fusion == (
+        "weighted 0.7×keyword + 0.3×vector (a one-word query: a name)")
+    off = search(corpus, "parse_rfc3339", scope(0), "hybrid", emb, QuerySettings(name_keyword_weight=0),
+                 max_results=5)
+    assert off.hits[0].symbol != "parse_rfc3339" and off.hits[0].why.fusion == "weighted 0.3×keyword + 0.7×vector"
+    words = search(corpus, "parse_rfc3339 please", scope(0), "hybrid", emb, max_results=5)
+    assert words.hits[0].why.fusion == "weighted 0.3×keyword + 0.7×vector"
+
+
 def test_hybrid_mode_scores_and_edge_cases(corpus: ChunkStore) -> None:
     target = doc_of(0, "src/pkg/timeutil.py")
     emb = embedder({"parse_rfc3339": target[F.EMBEDDING]})

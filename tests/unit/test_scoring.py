@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scopekb.scoring import min_max, normalise_by_max, rrf_fusion, weighted_fusion
+from scopekb.scoring import is_name_query, min_max, normalise_by_max, rrf_fusion, weighted_fusion
 
 scores = st.lists(st.tuples(st.text(min_size=1, max_size=4),
                             st.floats(allow_nan=True, allow_infinity=True, width=32)), max_size=30)
@@ -50,3 +51,11 @@ def test_fusions_always_in_range(kw, vec) -> None:
     assert _ok(rrf_fusion(kw, vec))
     assert _ok(normalise_by_max(kw))
     assert all(0.0 <= v <= 1.0 for v in min_max(kw).values())
+
+
+@pytest.mark.parametrize(("query", "name"), [
+    ("resultcallback", True), ("get_terminal_size", True), ("Context.invoke", True), ("fmt::format", True),
+    ("  __init__ ", True), ("名前", True), ("parse headers", False), ("a\tb", False), ("123", False), ("_", False),
+    ("foo()", False), ("x" * 201, False), ("", False)])
+def test_a_name_query_is_one_word_with_a_letter(query: str, name: bool) -> None:
+    assert is_name_query(query) is name
