@@ -177,7 +177,8 @@ def _export_notice() -> None:
 
 @app.command()
 def serve(service: Annotated[str, typer.Argument(help="ingester or query")],
-          host: str = "127.0.0.1", port: Annotated[int | None, typer.Option(help="default 8001/8000")] = None,
+          host: str = "127.0.0.1",
+          port: Annotated[int | None, typer.Option(min=1, max=65535, help="default 8001/8000")] = None,
           workers: int = 1) -> None:
     """Serve the webhook ingester (port 8001) or the query API (port 8000) with uvicorn."""
     import uvicorn
@@ -201,7 +202,8 @@ def serve(service: Annotated[str, typer.Argument(help="ingester or query")],
 
 
 @app.command()
-def up(host: str = "127.0.0.1", port: int = 8000) -> None:
+def up(host: str = "127.0.0.1",
+       port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP port")] = 8000) -> None:
     """Embedded all-in-one: query API, MCP, webhooks and a worker in one process, over an in-memory queue."""
     import threading
 
@@ -221,7 +223,15 @@ def up(host: str = "127.0.0.1", port: int = 8000) -> None:
 
     server = uvicorn.Server(uvicorn.Config(api, host=host, port=port, log_level="warning", access_log=False,
                                            **uvicorn_options(s.http)))
-    threading.Thread(target=server.run, name="http", daemon=True).start()
+    http = threading.Thread(target=server.run, name="http", daemon=True)
+    http.start()
+    import time
+
+    while not server.started:  # hostile review: a port it could not bind left a worker running with no server
+        if not http.is_alive():
+            raise CliError(f"cannot listen on {one_line(host, 200)}:{port} (in use, or not an address of this "
+                           "machine); pass --port/--host")
+        time.sleep(0.05)
     err.print(f"scopekb up (embedded, data in {s.data_dir}): http://{host}:{port}  — /v1/search, /mcp, "
               f"/webhooks/<host>, /console, /docs", markup=False, highlight=False, soft_wrap=True)
     if s.query.admin_token is None:
@@ -677,9 +687,24 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
         url, branch = str(gd), "main"
     ctx = context or context_for(path.name)  # a name with control characters still makes a valid context id
     key = repo_key(url)  # any spelling of the path a source was registered under (`..`, a symlink, a final /)
-    for src in rt.records.list_sources(agent_name=agent):
-        if src.kind == "git" and repo_key(src.repo_url) == key and src.ref == branch and src.context_id == ctx:
+    same = [src for src in rt.records.list_sources(agent_name=agent)
+            if src.kind == "git" and repo_key(src.repo_url) == key and src.context_id == ctx]
+    for src in same:
+        if src.ref == branch:
             return src, False
+    from scopekb.refs import source_tracks
+
+    for src in same:  # a source tracking the branch among its refs (issue 23: many refs, no copies)
+        if source_tracks(src, f"refs/heads/{branch}"):
+            return src, False
+    if same:  # README newcomer (stop 43): a second source of one repository made every hit come back twice
+        src = same[0]
+        raise CliError(f"{display_name(str(path))} is already source {src.id} in context {field(ctx)} (ref "
+                       f"{field(src.ref)}), which does not track {field(branch)}: to index several refs of one "
+                       "repository without copies, register it once with each ref: `scopekb source add "
+                       f"--no-webhooks --repo PATH --agent {field(agent)} --context {field(ctx)} "
+                       f"--track {field(src.ref)} --track {field(branch)}` (then `scopekb source remove "
+                       f"{src.id}`), or use another --context")
     # `scopekb index` syncs on demand: the source is not webhook-driven and refuses deliveries (issue 16).
     body = SourceCreate(agent_name=agent, context_id=ctx, repo_url=url, ref=branch,
                         repo_name=display_name(str(path)), webhooks=False)
@@ -690,8 +715,10 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
 def index(target: Annotated[str, typer.Argument(help="a folder, a local git repository, or a source id")],
           agent: Annotated[str, typer.Option(help="agent that owns the chunks")] = "local",
           context: Annotated[str | None, typer.Option(help="context id; default: the folder name")] = None,
-          ref: Annotated[str | None, typer.Option(help="branch of a git repository; default: checked out")] = None,
-          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+          ref: Annotated[str | None, typer.Option(
+              help="branch of a git repository; default: checked out. Another branch of a repository already "
+                   "indexed in the context needs a source tracking both (`scopekb source add --track`)")] = None,
+          as_json: Annotated[bool, typer.Option("--json", help="print the job record as JSON")] = False) -> None:
     """Index a folder or git repository (or sync a registered source) now, in this process, exactly
     incrementally: only what changed since the last run is read, chunked, embedded and written."""
     from scopekb.indexing import run_sync

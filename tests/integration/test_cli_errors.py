@@ -538,3 +538,62 @@ def test_a_failed_index_keeps_a_registered_source_embedded(tmp_path: Path) -> No
 def test_a_failed_index_keeps_a_registered_source_distributed(tmp_path: Path, dist) -> None:
     env, _ = dist
     _check_failed_index_keeps_a_registered_source(tmp_path, {**env, "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true"})
+
+
+def _check_index_of_another_ref_reuses_or_refuses(tmp_path: Path, env: dict[str, str]) -> None:
+    """README newcomer (stop 43): ``scopekb index PATH --ref feature`` after ``scopekb index PATH`` registered a
+    second source of the same repository in the same context, and every hit came back twice. Now a source that
+    tracks the branch is reused, and otherwise the command refuses in one line naming ``--track``; nothing is
+    registered or written."""
+    repo = tmp_path / "two-refs"
+    repo.mkdir()
+    (repo / "a.py").write_text("def two_refs_fn():\n    return 1\n")
+    git = ["-c", "user.email=a@b", "-c", "user.name=n"]
+    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], [*git, "commit", "-qm", "one"],
+                ["branch", "feature"]):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True)
+    assert run(["index", str(repo), "--context", "c"], env, tmp_path).returncode == 0
+    p = run(["index", str(repo), "--context", "c", "--ref", "feature"], env, tmp_path)
+    assert_one_line_error(p, "does not track feature", "--track main --track feature")
+    sources = json.loads(run(["source", "list", "--json"], env, tmp_path).stdout)
+    assert len(sources) == 1, sources
+    found = run(["search", "two_refs_fn", "--mode", "keyword", "--json"], env, tmp_path)
+    assert [h["path"] for h in json.loads(found.stdout)["hits"]] == ["a.py"], found.stdout
+    # the way the message names: one source tracking both refs, which `index PATH --ref feature` then reuses
+    assert run(["source", "remove", sources[0]["id"]], env, tmp_path).returncode == 0
+    added = run(["source", "add", "--no-webhooks", "--repo", str(repo), "--agent", "local", "--context", "c",
+                 "--track", "main", "--track", "feature"], env, tmp_path)
+    assert added.returncode == 0, added.stderr
+    assert run(["index", str(repo), "--context", "c", "--ref", "feature"], env, tmp_path).returncode == 0
+    sources = json.loads(run(["source", "list", "--json"], env, tmp_path).stdout)
+    assert len(sources) == 1 and sources[0]["id"] == added.stdout.strip().split()[-1], sources
+    found = run(["search", "two_refs_fn", "--mode", "keyword", "--json"], env, tmp_path)
+    assert [h["path"] for h in json.loads(found.stdout)["hits"]] == ["a.py"], found.stdout
+
+
+def test_index_of_another_ref_reuses_or_refuses_embedded(tmp_path: Path) -> None:
+    _check_index_of_another_ref_reuses_or_refuses(tmp_path, base_env(tmp_path))
+
+
+def test_index_of_another_ref_reuses_or_refuses_distributed(tmp_path: Path, dist) -> None:
+    env, _ = dist
+    _check_index_of_another_ref_reuses_or_refuses(tmp_path, {**env, "SCOPEKB_GIT__ALLOW_LOCAL_PATHS": "true"})
+
+
+def test_up_on_a_port_it_cannot_use_exits_with_one_error(tmp_path: Path) -> None:
+    """Hostile review (stop 43): ``scopekb up --port 99999`` printed tracebacks and ``--port <busy>`` logged "address
+    already in use", and in both cases the process kept running its worker with no HTTP server. Now a port out of
+    range is a usage error and a port it cannot bind ends the process with one error line naming it."""
+    import socket
+
+    env = base_env(tmp_path)
+    p = run(["up", "--port", "99999"], env, tmp_path, timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "--port" in p.stderr, p.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = run(["up", "--port", str(port)], env, tmp_path, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: cannot listen on 127.0.0.1:") and str(port) in last, p.stderr
