@@ -421,6 +421,16 @@ def test_the_console_shows_bidi_and_control_characters_of_indexed_names_as_escap
         assert raw not in page.text
     assert "\\u202eexe.txt.py" in page.text and "\\u202eevil\\u2066" in page.text
     assert "&lt;b&gt;x&lt;/b&gt;" in page.text and "<b>x</b>" not in page.text
+    # hostile review (stop 43): a newline in a name showed as a space, the same as a real space
+    nl = one_file_repo(tmp_path / "nl", "def nlmarker_fn():\n    return 1\n", "a\nb.py")
+    src = c.post("/v1/sources", json={"agent_name": "prof", "context_id": "nl", "repo_url": str(nl),
+                                      "ref": "main"}).json()
+    assert run_sync(api["rt"].sync_deps(), "nl-" + uuid.uuid4().hex[:8], [src["id"]],
+                    trigger="manual").state.value == "done"
+    api["rt"].chunks.refresh()
+    page = c.get("/console/search", params={"q": "nlmarker_fn", "agent": "prof", "context": "nl", "mode": "keyword"})
+    assert page.status_code == 200 and "nlmarker" in page.text, page.text[:500]
+    assert '<span class="path">a\\nb.py:' in page.text and 'aria-label="a\\nb.py lines' in page.text, page.text
 
 
 def test_the_same_repository_registered_twice_in_a_scope_is_409_naming_the_first(api: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from scopekb.auth import ApiKey, AuthError, resolve_scope, tokens_equal
 from scopekb.errors import Refused
 from scopekb.logging import get_logger
 from scopekb.models import LOCAL_PATH_LIMIT, Job, SearchRequest, Source, SourceCreate
-from scopekb.render import terminal_text, validation_message, why_line
+from scopekb.render import one_line, terminal_text, validation_message, why_line
 from scopekb.runtime import Runtime
 from scopekb.search import SearchUnavailable, run_search
 from scopekb.status import source_status
@@ -98,6 +98,9 @@ class Console:
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
         # a hit's reasons as the text answer words them (a HitReason is no JSON for ``tojson``; autoescaped)
         self.templates.env.filters["why_line"] = why_line
+        # a name (path, repository, ref, symbol) on one line: a newline in it shown as \n, as the other escapes are
+        # (hostile review: `a\nb.py` showed as `a b.py`, the same as a real `a b.py`)
+        self.templates.env.filters["name"] = lambda v: one_line(v, 2000) if isinstance(v, str) else v
         # every value a template prints shows control, bidi (U+202E ...) and separator characters as visible escapes
         # before autoescaping (hostile review: a file name starting with U+202E showed reversed, its line range
         # too); markup built here (highlighted lines) escapes its own pieces the same way
