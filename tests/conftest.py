@@ -62,8 +62,21 @@ def _skip_message(report: pytest.CollectReport | pytest.TestReport) -> str:
     return str(longrepr)
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    import signal
+    import threading
+
     from tests import skips
+
+    # README newcomer (stop 43): a SIGTERM (`kill -- -PGID` of scripts/test, its EXIT trap) ended pytest without
+    # fixture teardown, leaving the fault suite's private Redis, OpenSearch nodes, S3 and workers running. As an
+    # interrupt, pytest finishes the session and every fixture's teardown stops what it started.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
 
     path = os.environ.get(skips.ENV)
     config.stash[_ALLOWED_KEY] = None
