@@ -9,7 +9,7 @@ import codecs
 import fnmatch
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from scopekb.patterns import CEILING, PatternRefused, compile_glob
 
@@ -69,7 +69,7 @@ def language_for(path: str) -> str:
 
 
 def path_skip_reason(path: str, include: Sequence[str] = (), exclude: Sequence[str] = (),
-                     vendored: frozenset[str] = frozenset()) -> str | None:
+                     vendored: Container[str] = frozenset()) -> str | None:
     """Reason to skip a path before reading it, or None to read it.
 
     Args:

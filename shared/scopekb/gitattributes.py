@@ -18,7 +18,8 @@ such as ``[[:alpha:]]``, macro definitions (``[attr]name ...``) and attributes s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import re2
@@ -128,19 +129,45 @@ def _states(tokens: Iterable[str], names: frozenset[str]) -> dict[str, str]:
     return out
 
 
-def parse(text: str, folder: str, names: Sequence[str]) -> tuple[list[Rule], list[str]]:
+#: The characters git separates a ``.gitattributes`` line's fields with (attr.c: ``blank``); other Unicode
+#: whitespace (VT, FF, NBSP) is part of a pattern or name there, and so here (hostile review: ``\x0b*.py
+#: linguist-generated`` marks nothing in git, and marked every .py file when ``str.split`` was used).
+_BLANK = re.compile("[ \t\r]+")
+
+
+def _lines(text: str) -> Iterator[str]:
+    """``text``'s lines split at ``\n`` only (as git reads them), one at a time: a large file is never held as a
+    list of lines."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        if end < 0:
+            end = len(text)
+        yield text[start:end]
+        start = end + 1
+
+
+def parse(text: str, folder: str, names: Sequence[str], room: int | None = None
+          ) -> tuple[list[Rule], list[str]]:
     """The rules of one ``.gitattributes`` (in ``folder``) that mention any of ``names``, in file order, and the
-    lines skipped with why (``refused``)."""
+    lines skipped with why (``refused``). At most ``room`` rules are made (default: ``max_patterns``); reading
+    stops there, so a file of a million rules costs no more than one of ``room`` (hostile review)."""
     wanted = frozenset(names)
+    room = GITATTRIBUTES_LIMITS.max_patterns if room is None else room
     rules: list[Rule] = []
     refused: list[str] = []
-    for line in text.splitlines():
-        parts = line.split()
+    where = (folder + "/" if folder else "") + ".gitattributes"
+    for line in _lines(text):
+        parts = [t for t in _BLANK.split(line) if t]
         if len(parts) < 2 or parts[0].startswith("#"):
             continue
         states = _states(parts[1:], wanted)
         if not states:
             continue
+        if len(rules) >= max(room, 0):
+            refused.append(f"{where[:200]!r}: rules after the first {GITATTRIBUTES_LIMITS.max_patterns} of the "
+                           "tree are not read (gitattributes.max_patterns)")
+            break
         pattern = parts[0]
         try:
             if pattern.startswith(('"', "[attr]", "!")):  # quoted, a macro, a negative pattern (git refuses it)
@@ -150,35 +177,45 @@ def parse(text: str, folder: str, names: Sequence[str]) -> tuple[list[Rule], lis
                 continue
             rules.append(Rule(bounded_regex(regex, pattern), states))
         except PatternRefused as e:  # the file's path and the pattern are repository content: quoted for logs
-            where = (folder + "/" if folder else "") + ".gitattributes"
             refused.append(f"{where[:200]!r}: {pattern[:80]!r}: {str(e)[:200]!r}")
     return rules, refused
 
 
+class AttributeMatcher:
+    """Whether a path ends up with any attribute of ``names`` set or ``true``, by the tree's ``.gitattributes``
+    files given as ``(folder, text)`` (``""`` for the root). ``path in matcher`` answers one path, remembered;
+    nothing is matched until a path is asked, so a sync that reads a few files asks about those only, not about
+    the whole tree (hostile review: every push matched every rule against every path of the tree).
+
+    At most ``GITATTRIBUTES_LIMITS.max_patterns`` rules are read over all files, shallow files first; ``refused``
+    says which lines or rules were skipped and why."""
+
+    def __init__(self, files: Sequence[tuple[str, str]], names: Sequence[str]) -> None:
+        ordered = sorted(files, key=lambda f: (f[0].count("/") + (1 if f[0] else 0), f[0]))  # shallow before deep
+        self.rules: list[Rule] = []
+        self.refused: list[str] = []
+        for folder, text in ordered:
+            got, bad = parse(text, folder, names, GITATTRIBUTES_LIMITS.max_patterns - len(self.rules))
+            self.rules += got
+            self.refused += bad
+        self._seen: dict[str, bool] = {}
+
+    def __contains__(self, path: object) -> bool:
+        if not isinstance(path, str) or not self.rules:
+            return False
+        hit = self._seen.get(path)
+        if hit is None:
+            state: dict[str, str] = {}
+            for rule in self.rules:  # later (and deeper) rules override earlier ones
+                if rule.regex.fullmatch(path) is not None:
+                    state.update(rule.states)
+            hit = self._seen[path] = any(v in TRUE_STATES for v in state.values())
+        return hit
+
+
 def attributes_set(files: Sequence[tuple[str, str]], paths: Iterable[str], names: Sequence[str]
                    ) -> tuple[frozenset[str], list[str]]:
-    """Paths for which any attribute of ``names`` ends up set or ``true``, given the tree's ``.gitattributes``
-    files as ``(folder, text)`` (``""`` for the root), and the lines skipped (at most
-    ``GITATTRIBUTES_LIMITS.max_patterns`` rules are used over all files; the rest are refused)."""
-    ordered = sorted(files, key=lambda f: (f[0].count("/") + (1 if f[0] else 0), f[0]))  # shallow before deep
-    rules: list[Rule] = []
-    refused: list[str] = []
-    for folder, text in ordered:
-        got, bad = parse(text, folder, names)
-        rules += got
-        refused += bad
-    cap = GITATTRIBUTES_LIMITS.max_patterns
-    if len(rules) > cap:
-        refused.append(f"{len(rules) - cap} rules after the first {cap} (gitattributes.max_patterns)")
-        rules = rules[:cap]
-    if not rules:
-        return frozenset(), refused
-    found = set()
-    for p in paths:
-        state: dict[str, str] = {}
-        for rule in rules:  # later (and deeper) rules override earlier ones
-            if rule.regex.fullmatch(p) is not None:
-                state.update(rule.states)
-        if any(v in TRUE_STATES for v in state.values()):
-            found.add(p)
-    return frozenset(found), refused
+    """The ``paths`` for which any attribute of ``names`` ends up set or ``true`` (:class:`AttributeMatcher`),
+    and the lines skipped."""
+    m = AttributeMatcher(files, names)
+    return frozenset(p for p in paths if p in m), m.refused

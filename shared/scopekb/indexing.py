@@ -31,7 +31,7 @@ import hashlib
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -502,7 +502,7 @@ def _sync(deps: SyncDeps, job: Job, sources: list[Source], progress: Progress | 
             _add_pins(deps, job, reader, sources, tracked)
             trees = {}
         ref_targets = {r: c for t in tracked.values() for r, c in t.items()}
-        vendored_of: dict[str, frozenset[str]] = {}  # commit -> the paths its .gitattributes mark (for every ref)
+        vendored_of: dict[str, Container[str]] = {}  # commit -> what its .gitattributes mark (for every ref)
         job.ref_commits = dict(sorted(ref_targets.items()))
         primary = sources[0].ref
         job.to_commit = ref_targets.get(primary) or next(iter(job.ref_commits.values()), None)
@@ -658,7 +658,7 @@ def _put_ref_state(deps: SyncDeps, src: Source, ref: str, value: dict[str, Any] 
 def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPrefix, sources: list[Source],
               ref: str, target: str, tree: dict[str, TreeEntry], progress: Progress | None, verify: bool,
               generation: str | None = None, kinds: dict[str, dict[str, str]] | None = None,
-              vendored_of: dict[str, frozenset[str]] | None = None) -> None:
+              vendored_of: dict[str, Container[str]] | None = None) -> None:
     """Bring ``ref`` of ``sources`` to ``target``: plan against the ref's last indexed commit (or the nearest
     indexed ref's, whose membership is copied first), read, write and advance the ref's state. ``generation``:
     the chunk store's (:meth:`~scopekb.stores.base.ChunkStore.generation`), and ``kinds`` (source id → ref →
@@ -667,7 +667,7 @@ def _sync_ref(deps: SyncDeps, job: Job, reader: Mirror | ObjectPrefix | FolderPr
     ref already at its commit reads no ``.gitattributes``)."""
     cache = {} if vendored_of is None else vendored_of
 
-    def vendored() -> frozenset[str]:
+    def vendored() -> Container[str]:
         if target not in cache:
             cache[target] = _vendored_paths(reader, tree) if isinstance(reader, Mirror) else frozenset()
         return cache[target]
@@ -771,7 +771,7 @@ def _lost(state: dict[str, Any], generation: str | None) -> bool:
 
 def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Source, target: str,
           tree: dict[str, TreeEntry], verify: bool = False, ref: str | None = None,
-          generation: str | None = None, vendored: Callable[[], frozenset[str]] = frozenset) -> _Plan:
+          generation: str | None = None, vendored: Callable[[], Container[str]] = frozenset) -> _Plan:
     ref = ref or src.ref
     state = _ref_states(deps, src).get(ref, {})
     writing = state.pop("writing", None)
@@ -839,7 +839,7 @@ def _plan(deps: SyncDeps, reader: Mirror | ObjectPrefix | FolderPrefix, src: Sou
         # their chunks deleted
         marks = vendored() if indexed else frozenset()
         planned = set(plan.to_index)
-        marked = [p for p in indexed if p in marks and p in tree and p not in planned]
+        marked = [p for p in indexed if p in tree and p not in planned and p in marks]  # marks: asked last
         plan.to_index += marked
         plan.maybe_stale |= set(marked)
         mode = "verify" if verify else "lost" if lost else "attributes" if attributes else "full"
@@ -873,7 +873,7 @@ KEEP_IN_MEMORY_BYTES = 256 * 1024 * 1024
 
 def _read_and_store(deps: SyncDeps, mirror: Mirror | ObjectPrefix | FolderPrefix, tree: dict[str, TreeEntry],
                     paths: list[str], job: Job, progress: Progress | None, uploads: BlobUploads,
-                    held: frozenset[str] = frozenset(), vendored: frozenset[str] = frozenset()
+                    held: frozenset[str] = frozenset(), vendored: Container[str] = frozenset()
                     ) -> dict[str, _Prepared]:
     """Classify and read each path once; put text blobs in the blob store (concurrently, through ``uploads``)
     unless ``held`` says the index already holds that blob (content-addressed: it was stored when those chunks
@@ -965,28 +965,36 @@ def _read_and_store(deps: SyncDeps, mirror: Mirror | ObjectPrefix | FolderPrefix
 
 #: Attributes that keep a path out of the index (GitHub Linguist's: vendored or generated code).
 VENDORED_ATTRIBUTES = ("linguist-vendored", "linguist-generated")
-#: Largest ``.gitattributes`` read, in bytes (git ignores larger ones too: ``ATTR_MAX_FILE_SIZE``, 100 MiB).
-MAX_GITATTRIBUTES_BYTES = 100 * 1024 * 1024
+#: Largest ``.gitattributes`` read, in bytes; a larger one is skipped with a warning. git's own limit is 100 MiB
+#: (``ATTR_MAX_FILE_SIZE``), but no more than ``gitattributes.max_patterns`` rules are used anyway, and reading a
+#: 100 MiB blob into a worker for that is not worth it (hostile review).
+MAX_GITATTRIBUTES_BYTES = 4 * 1024 * 1024
+#: The marks of a tree without ``.gitattributes``: no path.
+NO_MARKS: frozenset[str] = frozenset()
 
 
 def _is_attributes_file(path: str | None) -> bool:
     return path is not None and (path == ".gitattributes" or path.endswith("/.gitattributes"))
 
 
-def _vendored_paths(mirror: Mirror, tree: dict[str, TreeEntry]) -> frozenset[str]:
-    """Paths of ``tree`` marked ``linguist-vendored`` or ``linguist-generated`` by its ``.gitattributes`` files,
-    by git's rules (:func:`scopekb.gitattributes.attributes_set`: every such file, later and deeper rules
-    overriding); empty when the tree has none."""
+def _vendored_paths(mirror: Mirror, tree: dict[str, TreeEntry]) -> Container[str]:
+    """The paths of ``tree`` marked ``linguist-vendored`` or ``linguist-generated`` by its ``.gitattributes``
+    files, by git's rules, as a container answered path by path when asked
+    (:class:`scopekb.gitattributes.AttributeMatcher`: every such file, later and deeper rules overriding; a sync
+    asks only about the paths it reads or compares); :data:`NO_MARKS` when the tree has none."""
     files = [(p.rpartition("/")[0], e) for p, e in tree.items() if _is_attributes_file(p)
-             and e.mode not in (MODE_GITLINK, MODE_SYMLINK)  # git reads no .gitattributes through a symlink
-             and (e.size is None or e.size <= MAX_GITATTRIBUTES_BYTES)]
+             and e.mode not in (MODE_GITLINK, MODE_SYMLINK)]  # git reads no .gitattributes through a symlink
     if not files:
-        return frozenset()
-    texts = [(folder, filetypes.decode_text(mirror.read_blob(e.sha))) for folder, e in files]
-    found, refused = gitattributes.attributes_set(texts, tree, VENDORED_ATTRIBUTES)
+        return NO_MARKS
+    big = [f"{(folder + '/' if folder else '')[:200]!r}.gitattributes: over {MAX_GITATTRIBUTES_BYTES} bytes, not read"
+           for folder, e in files if e.size is None or e.size > MAX_GITATTRIBUTES_BYTES]
+    texts = [(folder, filetypes.decode_text(mirror.read_blob(e.sha))) for folder, e in files
+             if e.size is not None and e.size <= MAX_GITATTRIBUTES_BYTES]
+    marks = gitattributes.AttributeMatcher(texts, VENDORED_ATTRIBUTES)
+    refused = big + marks.refused
     if refused:
         log.warning("gitattributes_patterns_ignored", count=len(refused), sample=refused[:3])
-    return found
+    return marks
 
 
 def _index(deps: SyncDeps, job: Job, plans: list[_Plan], prepared: dict[str, _Prepared], commit: str,
