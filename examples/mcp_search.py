@@ -6,7 +6,7 @@ Usage: ``SCOPEKB_KEY=<agent key> python examples/mcp_search.py "retry failed upl
 ``--url`` defaults to ``http://localhost:8000/mcp`` (``scopekb up --port 8000``); the agent key is sent as a bearer
 token, exactly as over REST. Prints the ``search`` tool's text answer (each hit's path, lines, score and the
 fenced chunk) and exits 1 when the tool reports an error (e.g. a context the key may not search), 2 with one line
-on stderr when there is no key or no MCP service answering at ``--url``.
+on stderr when there is no key, the key is refused, or no MCP service answers at ``--url``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,25 @@ async def search(url: str, key: str, query: str, mode: str) -> tuple[bool, str]:
     return bool(result.is_error), text
 
 
+def refusal(url: str, key: str) -> str | None:
+    """``HTTP 401: <reason>`` when the server at ``url`` answers and refuses ``key`` (401/403), else None."""
+    import httpx
+
+    try:
+        r = httpx.post(url, json={"jsonrpc": "2.0", "id": 0, "method": "ping"}, timeout=5,
+                       headers={"Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream"})
+    except httpx.HTTPError:
+        return None
+    if r.status_code not in (401, 403):
+        return None
+    try:
+        detail = str(r.json().get("detail", ""))
+    except ValueError:
+        detail = ""
+    detail = "".join(ch for ch in detail[:200] if ch.isprintable())
+    return f"HTTP {r.status_code}" + (f": {detail}" if detail else "")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Search a scopekb index over MCP.")
     parser.add_argument("query")
@@ -46,6 +65,11 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001 - the SDK raises an ExceptionGroup of transport errors: say it in one line
         while isinstance(e, BaseExceptionGroup) and e.exceptions:
             e = e.exceptions[0]
+        refused = refusal(args.url, key)
+        if refused:  # README newcomer: a wrong key was reported as no server answering
+            print(f"error: {args.url} refused the key ({refused}); SCOPEKB_KEY must be a live agent key",
+                  file=sys.stderr)
+            return 2
         print(f"error: no MCP answer from {args.url} ({type(e).__name__}: {e}); is `scopekb up` running there? "
               "(--url names another address)", file=sys.stderr)
         return 2

@@ -1120,7 +1120,7 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False,
     rt = _rt()
     if not existed and get_settings().data_dir.exists():  # made just now by the embedded runtime
         err.print(f"note: the data folder {one_line(get_settings().data_dir)} did not exist and was created empty "
-                  "(is SCOPEKB_HOME what you meant?)", markup=False, highlight=False)
+                  "(check --data-dir, SCOPEKB_DATA_DIR or SCOPEKB_HOME)", markup=False, highlight=False)
     health = rt.chunks.cluster_health()
     rows = []
     for src in rt.records.list_sources():
@@ -1237,6 +1237,14 @@ def main() -> None:
     except Transient as e:  # OpenSearch, Redis, S3 or a git host unreachable (GitError is Transient too)
         hint = "" if isinstance(e, GitError) else " (check the SCOPEKB_OPENSEARCH/REDIS/S3 settings; " \
             "scripts/services up)"
+        if str(e).startswith("search backend"):  # README newcomer: say which service and where
+            from urllib.parse import urlsplit
+
+            from scopekb.render import one_line as _one
+
+            where = urlsplit(str(get_settings().opensearch.url))  # no user:password in the message
+            hint = f" (OpenSearch at {_one(where.scheme + '://' + where.netloc.rpartition('@')[2], 200)}, " \
+                "SCOPEKB_OPENSEARCH__URL; scripts/services up)"
         _fail(f"{e}{hint}")
     except (CliError, ScopekbError, FolderError, EmbeddingError) as e:
         _fail(str(e))

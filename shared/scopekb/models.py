@@ -488,7 +488,7 @@ class SearchRequest(BaseModel):
         out = [x.strip().lower() for x in v]
         unknown = [x for x in out if x not in LANGUAGES]
         if unknown:
-            raise ValueError(f"unknown language {unknown[0][:40]!r}; languages are: {', '.join(sorted(LANGUAGES))}")
+            raise ValueError(f"unknown language {unknown[0][:40]!r}; the index knows: {', '.join(sorted(LANGUAGES))}")
         return out
 
     @field_validator("file_patterns")

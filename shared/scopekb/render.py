@@ -517,6 +517,6 @@ def validation_message(errors: Iterable[Mapping[str, Any]], max_errors: int = 3)
     for err in errs[:max_errors]:
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         loc = ".".join(str(p) for p in err.get("loc", ()))
-        parts.append(one_line(f"{loc}: {msg}" if loc else msg, 300))
+        parts.append(one_line(f"{loc}: {msg}" if loc else msg, 600))
     more = f" (+{len(errs) - max_errors} more)" if len(errs) > max_errors else ""
     return "; ".join(parts) + more

@@ -19,6 +19,7 @@ filter and the search scans the scope's chunks up to ``query.text_scan_max``.
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -126,6 +127,13 @@ def _breaks(content: str) -> list[int]:
     return out
 
 
+#: RE2 parse errors that name a construct RE2 does not have (Perl's backreferences and lookarounds), as opposed
+#: to a malformed pattern.
+_UNSUPPORTED = re.compile(r"invalid escape sequence: \\[1-9]|invalid perl operator|invalid named capture")
+#: The numbers of a ``{m,n}`` quoted in RE2's "invalid repetition size" error.
+_REPEAT_BOUNDS = re.compile(r"(\d+)")
+
+
 @lru_cache(maxsize=512)
 def _compile(pattern: str, case_sensitive: bool, max_mem: int) -> Any:
     opts = re2.Options()
@@ -137,14 +145,18 @@ def _compile(pattern: str, case_sensitive: bool, max_mem: int) -> Any:
     except re2.error as e:
         arg = e.args[0] if e.args else ""
         msg = arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
-        if "repetition size" in msg:
+        bounds = [int(n) for n in _REPEAT_BOUNDS.findall(msg)]
+        if "repetition size" in msg and not (len(bounds) == 2 and bounds[0] > bounds[1]):
             raise PatternRefused("regex repeats more than 1000 times in total (RE2's repetition limit); use "
                                  "fewer or smaller {m,n} repetitions") from None
         if "too large" in msg or "memory" in msg.lower():
             raise PatternRefused(f"regex compiles to more than {max_mem} bytes of RE2 program memory "
                                  "(query.regex_max_mem); use fewer or smaller repetitions") from None
-        raise PatternRefused(f"regex not supported (RE2 syntax: no backreferences or lookaround): {msg[:200]}"
-                             ) from None
+        if _UNSUPPORTED.search(msg):  # a backreference, a lookaround, a named-group reference
+            raise PatternRefused(f"regex not supported (RE2 syntax: no backreferences or lookaround): {msg[:200]}"
+                                 ) from None
+        # README newcomer: "(" was answered "not supported ... missing )"; it is a typo, not a feature
+        raise PatternRefused(f"regex is not valid: {msg[:200]}") from None
 
 
 def _ascii_runs(lit: str) -> str:

@@ -185,6 +185,10 @@ def test_the_python_example_searches_over_mcp(stack: Stack, mcp_world: dict[str,
                             timeout=60)  # nothing listens there: one line naming the address, no traceback
     assert nobody.returncode == 2 and nobody.stderr.count("\n") == 1, nobody.stderr
     assert nobody.stderr.startswith("error: no MCP answer from http://127.0.0.1:9/mcp"), nobody.stderr
+    wrong = subprocess.run(cmd, env={**env, "SCOPEKB_KEY": "sk-not-a-key"}, capture_output=True, text=True,
+                           timeout=60)  # README newcomer: a refused key was reported as no server answering
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1, wrong.stderr
+    assert wrong.stderr.startswith(f"error: {stack.query_url}/mcp refused the key (HTTP 401"), wrong.stderr
 
 
 @pytest.mark.parametrize("auth", [None, "Bearer nope", "Bearer " + ADMIN_TOKEN, "Basic abc", "revoked"])

@@ -202,10 +202,15 @@ def test_index_a_local_folder_in_the_distributed_profile_refuses_up_front(tmp_pa
 
 
 def test_services_that_are_not_there_are_one_line(tmp_path: Path) -> None:
-    env = dist_env(tmp_path, f"http://127.0.0.1:{closed_port()}", f"redis://127.0.0.1:{closed_port()}/0", "cli-none")
+    port = closed_port()
+    env = dist_env(tmp_path, f"http://user:pw@127.0.0.1:{port}", f"redis://127.0.0.1:{closed_port()}/0", "cli-none")
     env["SCOPEKB_OPENSEARCH__TIMEOUT_S"] = "2"
     for args in (["status"], ["init"]):
         assert_one_line_error(run(args, env, tmp_path, timeout=120))
+    # README newcomer (stop 43): the line names the service and its address (never the URL's credentials)
+    p = run(["search", "x"], env, tmp_path, timeout=120)
+    assert_one_line_error(p, "search backend unavailable", f"OpenSearch at http://127.0.0.1:{port}")
+    assert "pw" not in p.stderr, p.stderr
 
 
 def test_search_output_shows_indexed_control_characters_escaped(tmp_path: Path) -> None:

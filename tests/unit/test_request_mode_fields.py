@@ -57,5 +57,5 @@ def test_a_blank_query_is_refused_at_the_query_field(mode: str) -> None:
 def test_languages_are_matched_as_the_index_names_them_and_unknown_ones_are_refused() -> None:
     """Hostile review (L2): ``["Python"]`` and ``["klingon"]`` matched nothing and said nothing."""
     assert SearchRequest(query="x", languages=["Python", " GO "]).languages == ["python", "go"]
-    with pytest.raises(ValidationError, match="unknown language 'klingon'; languages are: bash, c, "):
+    with pytest.raises(ValidationError, match="unknown language 'klingon'; the index knows: bash, c, "):
         SearchRequest(query="x", languages=["python", "klingon"])
