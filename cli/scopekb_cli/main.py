@@ -830,6 +830,10 @@ def search(query: str,
     # what the index supports, as the MCP tool chooses (hostile review: a process with the local model on a
     # keyword-only index refused its own default, hybrid, with exit code 1)
     chosen = mode or best_mode(rt.chunks, embed)
+    if mode is None and embed is None and rt.chunks.index_dimension():  # README newcomer: silently keyword
+        err.print(f"note: keyword search: this process has no embedding model (SCOPEKB_EMBEDDING__PROVIDER) while "
+                  f"the index holds vectors of {one_line(rt.chunks.index_model() or 'a model', 200)}",
+                  markup=False, highlight=False, soft_wrap=True)
     scope = ScopeFilter(agent, None if context is None else (context,))
     filters = _meta_filters(meta or [])
     try:

@@ -267,3 +267,18 @@ def test_an_embedded_index_waits_for_a_reindex_of_another_process(tmp_path: Path
     found = run(["search", "qline_marker_7731", "--mode", "exact"], env, tmp_path)
     assert found.returncode == 0 and "notes.md" in found.stdout, found.stdout + found.stderr
     store.close()
+
+
+def test_a_search_without_the_model_of_a_vector_index_says_it_is_keyword(env: dict[str, str],
+                                                                          tmp_path: Path) -> None:
+    """README newcomer (stop 43): ``scopekb search`` in a process without an embedding model answered a vector
+    index by keyword with nothing but the header's "keyword"; now a note on stderr says why and which model the
+    index's vectors are of. Asking for a mode, or a keyword-only index, gives no note."""
+    repo = git_repo(tmp_path / "repo", {"a.py": "def retry_helper():\n    return 1\n"})
+    local = {**env, "SCOPEKB_EMBEDDING__PROVIDER": "local"}
+    assert run(["index", str(repo)], local, tmp_path, timeout=600).returncode == 0
+    p = run(["search", "retry_helper"], env, tmp_path)
+    assert p.returncode == 0 and "a.py" in p.stdout, p.stderr
+    assert "note: keyword search: this process has no embedding model (SCOPEKB_EMBEDDING__PROVIDER) while the " \
+           "index holds vectors of local:all-MiniLM-L6-v2" in p.stderr, p.stderr
+    assert "note:" not in run(["search", "retry_helper", "--mode", "keyword"], env, tmp_path).stderr
