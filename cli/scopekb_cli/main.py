@@ -371,7 +371,8 @@ def reindex_cmd(wait_s: Annotated[int, typer.Option(help="seconds to wait for ru
         rt.coord.end_reindex()
     where = f"alias {rt.chunks.alias}" if hasattr(rt.chunks, "alias") else "SQLite index"
     out.print(f"{where}: {rep.old_index} -> {rep.new_index}; {rep.chunks} chunks, "
-              f"{rep.embeddings_computed} embeddings computed, {rep.embeddings_cached} cached, {rep.seconds}s")
+              f"{rep.embeddings_computed} embeddings computed, {rep.embeddings_cached} cached, {rep.seconds}s",
+              markup=False, highlight=False, soft_wrap=True)
 
 
 class ExportBackend(StrEnum):
@@ -486,7 +487,7 @@ def init() -> None:
     where = (f" ({placed['shards']} shard(s), {placed['replicas']} replica(s) on {placed['data_nodes']} data "
              f"node(s), {placed['status']})" if "data_nodes" in placed else "")
     alias = f" behind alias {rt.chunks.alias}" if hasattr(rt.chunks, "alias") else ""  # SQLite: no alias
-    out.print(f"index {name}{alias}{where}; system indices ready")
+    out.print(f"index {name}{alias}{where}; system indices ready", markup=False, highlight=False, soft_wrap=True)
 
 
 @source_app.command("add")
