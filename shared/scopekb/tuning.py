@@ -246,12 +246,13 @@ def describe(choice: dict[str, Any] | None) -> str:
     extra = ""
     if isinstance(kb, dict) and kb.get("applied"):
         blo, bhi = kb.get("ci95", [0.0, 0.0])
-        extra = (f"; keyword boosts {'/'.join(f'{x:g}' for x in kb['boosts'])} (symbol/signature/content/path, "
-                 f"keyword NDCG@10 {kb.get('gain', 0.0):+.3f} ({blo:+.3f} … {bhi:+.3f}))")
+        extra = (f"; keyword boosts {'/'.join(f'{x:g}' for x in kb['boosts'])} applied (symbol/signature/content/"
+                 f"path, keyword NDCG@10 {kb.get('gain', 0.0):+.3f} ({blo:+.3f} … {bhi:+.3f}))")
     rr = choice.get("rerank")
     if isinstance(rr, dict) and rr.get("applied"):
         rlo, rhi = rr.get("ci95", [0.0, 0.0])
-        extra += f"; reranked ({rr.get('provider')}: NDCG@10 {rr.get('gain', 0.0):+.3f} ({rlo:+.3f} … {rhi:+.3f}))"
+        extra += (f"; reranking applied ({rr.get('provider')}: NDCG@10 {rr.get('gain', 0.0):+.3f} "
+                  f"({rlo:+.3f} … {rhi:+.3f}))")
     if choice.get("applied"):
         return f"{f.name} (chosen: {gain}){extra}"
-    return f"default (best {f.name}: {gain}; not applied){extra}"
+    return f"default weights (best {f.name}: {gain}; not applied){extra}"  # newcomer: "not applied" is the weights
