@@ -431,6 +431,14 @@ def test_the_console_shows_bidi_and_control_characters_of_indexed_names_as_escap
     page = c.get("/console/search", params={"q": "nlmarker_fn", "agent": "prof", "context": "nl", "mode": "keyword"})
     assert page.status_code == 200 and "nlmarker" in page.text, page.text[:500]
     assert '<span class="path">a\\nb.py:' in page.text and 'aria-label="a\\nb.py lines' in page.text, page.text
+    # newcomer review (stop 43): the console offered keyword, vector and hybrid only; exact, regex and symbol too,
+    # with the matching lines flagged
+    for mode, q in (("exact", "return 1"), ("regex", r"ret\w+ 1$"), ("symbol", "nlmarker_fn")):
+        assert f'<option value="{mode}"' in page.text
+        got = c.get("/console/search", params={"q": q, "agent": "prof", "context": "nl", "mode": mode})
+        assert got.status_code == 200 and '<p role="status">1 hit for' in got.text, (mode, got.text[-3000:])
+        assert f"({mode}," in got.text and '<span class="line match"><span class="ln" aria-hidden="true">' \
+            f'{2 if mode != "symbol" else 1}</span>' in got.text, (mode, got.text[-3000:])
 
 
 def test_the_same_repository_registered_twice_in_a_scope_is_409_naming_the_first(api: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ control, format (bidi overrides, U+202E ...) and separator characters are writte
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from markupsafe import Markup, escape
@@ -38,8 +39,9 @@ def query_terms(query: str) -> list[str]:
     return sorted(seen, key=len, reverse=True)[:MAX_TERMS]
 
 
-def highlight(content: str, start_line: int, query: str) -> list[Line]:
-    """``content`` split into lines numbered from ``start_line``, each escaped with the query's terms marked."""
+def highlight(content: str, start_line: int, query: str, match_lines: Sequence[int] | None = None) -> list[Line]:
+    """``content`` split into lines numbered from ``start_line``, each escaped with the query's terms marked.
+    ``match_lines`` (exact/regex/symbol hits): the lines flagged as matching are these, not those with a term."""
     terms = query_terms(query)
     pattern = re.compile("|".join(re.escape(t) for t in terms), re.IGNORECASE) if terms else None
     out = []
@@ -56,4 +58,7 @@ def highlight(content: str, start_line: int, query: str) -> list[Line]:
             pos = m.end()
         parts.append(str(escape(text[pos:])))
         out.append(Line(start_line + i, Markup("".join(parts)), pos > 0))
+    if match_lines is not None:
+        wanted = set(match_lines)
+        out = [Line(ln.number, ln.html, ln.number in wanted) for ln in out]
     return out

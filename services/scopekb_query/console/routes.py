@@ -349,12 +349,15 @@ class Console:
         agents = sorted({s.agent_name for s in self.visible_sources(viewer)})
         ctx = dict(form=echo, agents=agents, resp=None, error=None, lines={},
                    contexts=viewer.key.context_ids if viewer.key else None,
-                   modes=["keyword", "vector", "hybrid"], can_embed=self.rt.embedder is not None)
+                   modes=["keyword", "vector", "hybrid", "exact", "regex", "symbol"],  # newcomer: all modes
+                   can_embed=self.rt.embedder is not None)
         if form["q"].strip():
             try:
                 resp = self._run_search(viewer, form)
                 ctx["resp"] = resp
-                ctx["lines"] = {i: highlight(h.content, h.start_line, form["q"]) for i, h in enumerate(resp.hits)}
+                literal = resp.mode.value in ("exact", "regex", "symbol")  # a regex's words are no terms to mark
+                ctx["lines"] = {i: highlight(h.content, h.start_line, "" if resp.mode.value == "regex" else form["q"],
+                                             h.match_lines if literal else None) for i, h in enumerate(resp.hits)}
             except (ValidationError, AuthError, SearchUnavailable, Refused, ValueError) as e:
                 ctx["error"] = _reason(e)  # Refused: an unknown ref or commit gives REST's 404 reason
             except Exception as e:  # noqa: BLE001 - a backend failure is shown on the page, not as a 500
