@@ -55,7 +55,7 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
     body = pattern[start:end]
     if "[:" in body:
         raise PatternRefused("character class names such as [:alpha:] are not supported")
-    out = "".join("-" if c == "-" and 0 < k < len(body) - 1 else re2.escape(c) for k, c in enumerate(body))
+    out = "".join("-" if c == "-" and 0 < k < len(body) - 1 else _esc(c) for k, c in enumerate(body))
     return "[" + ("^/" if neg else "") + out + "]", end + 1
 
 
@@ -70,7 +70,7 @@ def _segment_regex(pattern: str) -> str:
     while i < len(pattern):
         c = pattern[i]
         if c == "\\" and i + 1 < len(pattern):
-            out.append(re2.escape(pattern[i + 1]))
+            out.append(_esc(pattern[i + 1]))
             i += 2
         elif pattern.startswith("/**/", i):
             out.append("/(?:.*/)?")
@@ -91,17 +91,30 @@ def _segment_regex(pattern: str) -> str:
                 out.append(cls)
                 i = after
             else:
-                out.append(re2.escape(c))
+                out.append(_esc(c))
                 i += 1
         else:
-            out.append(re2.escape(c))
+            out.append(_esc(c))
             i += 1
     return "".join(out)
 
 
+def as_bytes_text(text: str) -> str:
+    """``text``'s UTF-8 bytes, one character (U+0000-U+00FF) each: git's wildmatch compares bytes, so ``?`` is
+    one byte and a two-byte character needs ``??`` (hostile review: ``a?b.py`` matched ``a\u00a0b.py`` here, not
+    in git). Names that are not valid UTF-8 (held as surrogate escapes) keep their bytes."""
+    return text.encode("utf-8", "surrogateescape").decode("latin-1")
+
+
+def _esc(c: str) -> str:
+    """One character of :func:`as_bytes_text` as a literal of an RE2 pattern compiled as Latin-1."""
+    return re2.escape(c) if ord(c) < 0x80 else f"\\x{{{ord(c):02x}}}"
+
+
 def pattern_regex(pattern: str, folder: str) -> str | None:
     """RE2 text matching the tree paths ``pattern`` matches in the ``.gitattributes`` of ``folder`` (``""`` for
-    the root), or None when it can match no file (a folder pattern ending in ``/``).
+    the root), or None when it can match no file (a folder pattern ending in ``/``). The text is over bytes
+    (:func:`as_bytes_text`; compile it with ``latin1=True``, match ``as_bytes_text(path)``).
 
     Raises:
         PatternRefused: over :data:`~scopekb.patterns.GITATTRIBUTES_LIMITS` or using a construct not supported.
@@ -109,7 +122,8 @@ def pattern_regex(pattern: str, folder: str) -> str | None:
     if pattern.endswith("/"):
         return None
     check_glob(pattern, GITATTRIBUTES_LIMITS, classes=True)
-    prefix = re2.escape(folder + "/") if folder else ""
+    pattern, folder = as_bytes_text(pattern), as_bytes_text(folder)
+    prefix = "".join(_esc(c) for c in folder + "/") if folder else ""
     if "/" not in pattern:
         return prefix + "(?:.*/)?" + _segment_regex(pattern)
     return prefix + _segment_regex(pattern.lstrip("/") if pattern.startswith("/") else pattern)
@@ -175,7 +189,7 @@ def parse(text: str, folder: str, names: Sequence[str], room: int | None = None
             regex = pattern_regex(pattern, folder)
             if regex is None:
                 continue
-            rules.append(Rule(bounded_regex(regex, pattern), states))
+            rules.append(Rule(bounded_regex(regex, pattern, latin1=True), states))
         except PatternRefused as e:  # the file's path and the pattern are repository content: quoted for logs
             refused.append(f"{where[:200]!r}: {pattern[:80]!r}: {str(e)[:200]!r}")
     return rules, refused
@@ -206,8 +220,9 @@ class AttributeMatcher:
         hit = self._seen.get(path)
         if hit is None:
             state: dict[str, str] = {}
+            raw = path.encode("utf-8", "surrogateescape")  # matched as bytes, as git does (pattern_regex)
             for rule in self.rules:  # later (and deeper) rules override earlier ones
-                if rule.regex.fullmatch(path) is not None:
+                if rule.regex.fullmatch(raw) is not None:
                     state.update(rule.states)
             hit = self._seen[path] = any(v in TRUE_STATES for v in state.values())
         return hit

@@ -187,9 +187,10 @@ def _compile(glob: str, classes: bool) -> PathGlob:
         "".join(wild), glob))
 
 
-def bounded_regex(body: str, glob: str) -> re2._Regexp:  # type: ignore[name-defined]
+def bounded_regex(body: str, glob: str, latin1: bool = False) -> re2._Regexp:  # type: ignore[name-defined]
     """``body`` (RE2 syntax, translated from the path pattern ``glob``) compiled within the memory budget every
-    path pattern gets (:data:`_RE2_MAX_MEM`); ``.`` matches any character of a path.
+    path pattern gets (:data:`_RE2_MAX_MEM`); ``.`` matches any character of a path. ``latin1``: ``body`` holds
+    only U+0000-U+00FF and is compiled over bytes (match ``bytes``; one character = one byte).
 
     Raises:
         PatternRefused: RE2 cannot compile it within the budget (the message names ``glob``, cut to 80 characters).
@@ -197,8 +198,10 @@ def bounded_regex(body: str, glob: str) -> re2._Regexp:  # type: ignore[name-def
     opts = re2.Options()
     opts.max_mem = _RE2_MAX_MEM
     opts.dot_nl = True
+    if latin1:
+        opts.encoding = re2.Options.Encoding.LATIN1
     try:
-        return re2.compile(body, opts)
+        return re2.compile(body.encode("latin-1") if latin1 else body, opts)
     except re2.error as e:
         raise PatternRefused(f"path pattern {glob[:80]!r} cannot be compiled: {e}") from None
 

@@ -48,6 +48,18 @@ def apps(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, A
             a.state.runtime.opensearch_client.indices.delete(index=f"{run}-*", ignore_unavailable=True)
 
 
+def _one_commit_repo(repo: Path) -> Path:
+    """A git repository at ``repo`` (created) whose branch ``main`` has one commit of ``a.py``."""
+    from scopekb.realrepo import git
+
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "a.py").write_text("x = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    return repo
+
+
 def _admin() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN}"}
 
@@ -101,12 +113,7 @@ def test_pathological_patterns_are_400_naming_the_limit(apps: dict[str, Any]) ->
 def test_unsigned_and_unknown_deliveries_change_nothing(apps: dict[str, Any]) -> None:
     from scopekb.realrepo import git
 
-    repo = apps["tmp"] / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    (repo / "a.py").write_text("x = 1\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "one")
+    repo = _one_commit_repo(apps["tmp"] / "repo")
     head = git(repo, "rev-parse", "HEAD")
     name = "team/" + uuid.uuid4().hex[:6]
     r = apps["a"].post("/v1/sources", headers=_admin(), json={"agent_name": "w", "context_id": "c",
@@ -306,14 +313,7 @@ def test_a_search_of_a_context_or_source_the_agent_lacks_says_so_and_a_capped_ma
     an empty answer. Now the notice says which context (or source) the agent has no sources in, without naming
     the agent's other contexts (a key bound to some must not learn the others); ``max_results`` above
     ``query.max_results_cap`` is lowered with a notice saying so."""
-    from scopekb.realrepo import git
-
-    repo = apps["tmp"] / "typo-repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    (repo / "a.py").write_text("x = 1\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "one")
+    repo = _one_commit_repo(apps["tmp"] / "typo-repo")
     r = apps["a"].post("/v1/sources", json={"agent_name": "typo", "context_id": "real",
                                             "repo_url": str(repo)}, headers=_admin())
     assert r.status_code == 201, r.text

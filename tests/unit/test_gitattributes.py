@@ -34,6 +34,8 @@ CASES = {
     # review: str.split() made "\v*.py linguist-generated" mark every .py file)
     "blank_characters": {"": "\x0b*.py linguist-generated\n*.js linguist-generated\x0clinguist-vendored\n"
                              "a\u00a0b.py linguist-generated\n\tx.js\t\tlinguist-vendored \r\n"},
+    # git's wildmatch compares bytes: "?" is one byte, so U+00A0 (two bytes in UTF-8) needs "??"
+    "byte_wildcards": {"": "a?b.py linguist-generated\na??b.py linguist-vendored\n*\u00a0*.py linguist-generated\n"},
     "classes_and_escapes": {"": "k[0-9].py linguist-generated\nq\\?.py linguist-generated\nweird\\ name.py "
                                 "linguist-vendored\n[!m]ain.py linguist-vendored\n"},
 }
