@@ -284,6 +284,8 @@ def test_empty_result_is_a_success_in_both_formats(stack: Stack, keys: dict[str,
     body = {"query": "no_such_identifier_" + RUN}
     r = _post(stack, f"Bearer {keys['one']}", body)
     assert r.status_code == 200 and r.json()["hits"] == []
+    # the agent has no source in this stack: the answer says so (stop 43: a typo'd scope looked like no match)
+    assert r.json()["notice"] == "agent api-agent has no sources", r.text
     r = _post(stack, f"Bearer {keys['one']}", body, path="/v1/search?format=text")
     assert r.status_code == 200 and r.text.startswith(f"No results for {body['query']!r} (mode keyword; agent ")
-    assert "\n" not in r.text
+    assert r.text.split("\n")[1:] == ["Note: agent api-agent has no sources"], r.text
