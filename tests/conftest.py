@@ -62,7 +62,18 @@ def _skip_message(report: pytest.CollectReport | pytest.TestReport) -> str:
     return str(longrepr)
 
 
+_PYTEST_PID = os.getpid()
+
+
 def _terminated(signum: int, _frame: object) -> None:
+    """pytest's own process: SIGTERM as an interrupt (fixtures tear down). A child forked by a test inherits this
+    handler; there SIGTERM keeps its default effect, so a test that terminates its child sees it end by signal."""
+    if os.getpid() != _PYTEST_PID:
+        import signal
+
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     raise KeyboardInterrupt(f"signal {signum}")
 
 

@@ -650,6 +650,7 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
         is_git_repo,
         snapshot_folder,
     )
+    from scopekb.refs import source_tracks
     from scopekb.sources import repo_key
 
     if target.startswith("src_") and not Path(target).exists():
@@ -693,8 +694,6 @@ def _resolve_target(rt: Runtime, target: str, agent: str, context: str | None, r
     for src in same:
         if src.ref == branch:
             return src, False
-    from scopekb.refs import source_tracks
-
     for src in same:  # a source tracking the branch among its refs (issue 23: many refs, no copies)
         if source_tracks(src, f"refs/heads/{branch}"):
             return src, False
@@ -856,12 +855,13 @@ def search(query: str,
         out.print_json(resp.model_dump_json())
         return
     if not resp.hits:
-        why = empty_scope_note(rt.records, scope, source, list_contexts=True)
+        why = empty_scope_note(rt.records, scope, source, list_contexts=True)  # run_search's note, contexts added
+        said = bool(why) and resp.notice is not None and why.startswith(resp.notice)
         if why.endswith(" has no sources"):
             why += f" (`scopekb index PATH --agent {field(agent)}` adds one)"
         out.print(Text(f"No results for '{one_line(query, 200)}' ({chosen.value})" + (f"; {why}" if why else "")
                        + "."), soft_wrap=True)
-        if resp.notice and resp.notice != empty_scope_note(rt.records, scope, source):  # said above
+        if resp.notice and not said:
             err.print(one_line(cli_terms(resp.notice), 2000), markup=False, highlight=False)
         return
     if max_tokens is not None:  # the agents' answer, as REST format=text and the MCP search tool render it
@@ -1245,10 +1245,8 @@ def main() -> None:
         if str(e).startswith("search backend"):  # README newcomer: say which service and where
             from urllib.parse import urlsplit
 
-            from scopekb.render import one_line as _one
-
             where = urlsplit(str(get_settings().opensearch.url))  # no user:password in the message
-            hint = f" (OpenSearch at {_one(where.scheme + '://' + where.netloc.rpartition('@')[2], 200)}, " \
+            hint = f" (OpenSearch at {one_line(where.scheme + '://' + where.netloc.rpartition('@')[2], 200)}, " \
                 "SCOPEKB_OPENSEARCH__URL; scripts/services up)"
         _fail(f"{e}{hint}")
     except (CliError, ScopekbError, FolderError, EmbeddingError) as e:

@@ -161,15 +161,22 @@ def _lines(text: str) -> Iterator[str]:
         start = end + 1
 
 
+#: Skipped lines described (with why) per ``.gitattributes``; the others are only counted, so a file of many
+#: refused patterns holds no message per line in memory.
+REFUSED_SHOWN = 20
+
+
 def parse(text: str, folder: str, names: Sequence[str], room: int | None = None
-          ) -> tuple[list[Rule], list[str]]:
-    """The rules of one ``.gitattributes`` (in ``folder``) that mention any of ``names``, in file order, and the
-    lines skipped with why (``refused``). At most ``room`` rules are made (default: ``max_patterns``); reading
-    stops there, so a file of a million rules costs no more than one of ``room`` (hostile review)."""
+          ) -> tuple[list[Rule], list[str], int]:
+    """The rules of one ``.gitattributes`` (in ``folder``) that mention any of ``names``, in file order; the first
+    :data:`REFUSED_SHOWN` lines skipped with why (``refused``, then the note that reading stopped at the cap, if
+    it did); and how many lines were skipped in all. At most ``room`` rules are made (default: ``max_patterns``);
+    reading stops there, so a file of a million rules costs no more than one of ``room`` (hostile review)."""
     wanted = frozenset(names)
     room = GITATTRIBUTES_LIMITS.max_patterns if room is None else room
     rules: list[Rule] = []
     refused: list[str] = []
+    skipped = 0
     where = (folder + "/" if folder else "") + ".gitattributes"
     for line in _lines(text):
         parts = [t for t in _BLANK.split(line) if t]
@@ -181,6 +188,7 @@ def parse(text: str, folder: str, names: Sequence[str], room: int | None = None
         if len(rules) >= max(room, 0):
             refused.append(f"{where[:200]!r}: rules after the first {GITATTRIBUTES_LIMITS.max_patterns} of the "
                            "tree are not read (gitattributes.max_patterns)")
+            skipped += 1
             break
         pattern = parts[0]
         try:
@@ -191,8 +199,10 @@ def parse(text: str, folder: str, names: Sequence[str], room: int | None = None
                 continue
             rules.append(Rule(bounded_regex(regex, pattern, latin1=True), states))
         except PatternRefused as e:  # the file's path and the pattern are repository content: quoted for logs
-            refused.append(f"{where[:200]!r}: {pattern[:80]!r}: {str(e)[:200]!r}")
-    return rules, refused
+            skipped += 1
+            if len(refused) < REFUSED_SHOWN:
+                refused.append(f"{where[:200]!r}: {pattern[:80]!r}: {str(e)[:200]!r}")
+    return rules, refused, skipped
 
 
 class AttributeMatcher:
@@ -202,16 +212,19 @@ class AttributeMatcher:
     the whole tree (hostile review: every push matched every rule against every path of the tree).
 
     At most ``GITATTRIBUTES_LIMITS.max_patterns`` rules are read over all files, shallow files first; ``refused``
-    says which lines or rules were skipped and why."""
+    says which lines or rules were skipped and why (at most :data:`REFUSED_SHOWN` a file), ``refused_count`` how
+    many lines were skipped in all."""
 
     def __init__(self, files: Sequence[tuple[str, str]], names: Sequence[str]) -> None:
         ordered = sorted(files, key=lambda f: (f[0].count("/") + (1 if f[0] else 0), f[0]))  # shallow before deep
         self.rules: list[Rule] = []
         self.refused: list[str] = []
+        self.refused_count = 0
         for folder, text in ordered:
-            got, bad = parse(text, folder, names, GITATTRIBUTES_LIMITS.max_patterns - len(self.rules))
+            got, bad, n = parse(text, folder, names, GITATTRIBUTES_LIMITS.max_patterns - len(self.rules))
             self.rules += got
             self.refused += bad
+            self.refused_count += n
         self._seen: dict[str, bool] = {}
 
     def __contains__(self, path: object) -> bool:
@@ -231,6 +244,6 @@ class AttributeMatcher:
 def attributes_set(files: Sequence[tuple[str, str]], paths: Iterable[str], names: Sequence[str]
                    ) -> tuple[frozenset[str], list[str]]:
     """The ``paths`` for which any attribute of ``names`` ends up set or ``true`` (:class:`AttributeMatcher`),
-    and the lines skipped."""
+    and the skipped lines it describes."""
     m = AttributeMatcher(files, names)
     return frozenset(p for p in paths if p in m), m.refused

@@ -986,14 +986,14 @@ def _vendored_paths(mirror: Mirror, tree: dict[str, TreeEntry]) -> Container[str
              and e.mode not in (MODE_GITLINK, MODE_SYMLINK)]  # git reads no .gitattributes through a symlink
     if not files:
         return NO_MARKS
-    big = [f"{(folder + '/' if folder else '')[:200]!r}.gitattributes: over {MAX_GITATTRIBUTES_BYTES} bytes, not read"
-           for folder, e in files if e.size is None or e.size > MAX_GITATTRIBUTES_BYTES]
+    big = [f"{((folder + '/' if folder else '') + '.gitattributes')[:200]!r}: over {MAX_GITATTRIBUTES_BYTES} "
+           "bytes, not read" for folder, e in files if e.size is None or e.size > MAX_GITATTRIBUTES_BYTES]
     texts = [(folder, filetypes.decode_text(mirror.read_blob(e.sha))) for folder, e in files
              if e.size is not None and e.size <= MAX_GITATTRIBUTES_BYTES]
     marks = gitattributes.AttributeMatcher(texts, VENDORED_ATTRIBUTES)
-    refused = big + marks.refused
-    if refused:
-        log.warning("gitattributes_patterns_ignored", count=len(refused), sample=refused[:3])
+    if big or marks.refused_count:
+        log.warning("gitattributes_patterns_ignored", count=len(big) + marks.refused_count,
+                    sample=(big + marks.refused)[:3])
     return marks
 
 

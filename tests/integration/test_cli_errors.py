@@ -508,17 +508,24 @@ def test_reading_commands_refuse_a_data_folder_that_does_not_exist_and_create_no
     assert "did not exist" not in run(["status"], env, tmp_path).stderr  # only when it made it
 
 
+def _a_py_repo(repo: Path, text: str, *branches: str) -> Path:
+    """A git repository at ``repo`` (created) whose ``main`` has one commit of ``a.py`` = ``text``, and
+    ``branches`` at that commit."""
+    repo.mkdir()
+    (repo / "a.py").write_text(text)
+    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"],
+                ["-c", "user.email=a@b", "-c", "user.name=n", "commit", "-qm", "one"],
+                *(["branch", b] for b in branches)):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True)
+    return repo
+
+
 def _check_failed_index_keeps_a_registered_source(tmp_path: Path, env: dict[str, str]) -> None:
     """Hostile review (HIGH): ``scopekb index SOURCE_ID`` of a source registered for another agent than
     ``--agent``'s default (``source add --agent my-agent``, the README's flow) removed the source and all its
     chunks when the sync failed (a git fetch error), as if this run had registered it. Now only a source this run
     registered is removed on failure; a registered one stays, searchable as before."""
-    repo = tmp_path / "keep-repo"
-    repo.mkdir()
-    (repo / "a.py").write_text("def keep_me_indexed_fn():\n    return 1\n")
-    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"],
-                ["-c", "user.email=a@b", "-c", "user.name=n", "commit", "-qm", "one"]):
-        subprocess.run(["git", "-C", str(repo), *cmd], check=True)
+    repo = _a_py_repo(tmp_path / "keep-repo", "def keep_me_indexed_fn():\n    return 1\n")
     added = run(["source", "add", "--agent", "my-agent", "--context", "ctx-1", "--repo", str(repo),
                  "--no-webhooks"], env, tmp_path)
     assert added.returncode == 0, added.stderr
@@ -550,13 +557,7 @@ def _check_index_of_another_ref_reuses_or_refuses(tmp_path: Path, env: dict[str,
     second source of the same repository in the same context, and every hit came back twice. Now a source that
     tracks the branch is reused, and otherwise the command refuses in one line naming ``--track``; nothing is
     registered or written."""
-    repo = tmp_path / "two-refs"
-    repo.mkdir()
-    (repo / "a.py").write_text("def two_refs_fn():\n    return 1\n")
-    git = ["-c", "user.email=a@b", "-c", "user.name=n"]
-    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], [*git, "commit", "-qm", "one"],
-                ["branch", "feature"]):
-        subprocess.run(["git", "-C", str(repo), *cmd], check=True)
+    repo = _a_py_repo(tmp_path / "two-refs", "def two_refs_fn():\n    return 1\n", "feature")
     assert run(["index", str(repo), "--context", "c"], env, tmp_path).returncode == 0
     p = run(["index", str(repo), "--context", "c", "--ref", "feature"], env, tmp_path)
     assert_one_line_error(p, "does not track feature", "--track main --track feature")
